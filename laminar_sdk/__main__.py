@@ -1,0 +1,5 @@
+"""``python -m laminar_sdk`` runs the ``laminar`` command."""
+
+from laminar_sdk._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The ``laminar`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+
+from laminar_sdk._connector import SinkConnector, SourceConnector
+from laminar_sdk._errors import LaminarError
+from laminar_sdk._plugins import load_connector_registry
+from laminar_sdk._registry import ConnectorRole, ConnectorSpec
+
+
+def _capabilities(spec: ConnectorSpec) -> str:
+    connector = spec.create()
+    if isinstance(connector, SinkConnector):
+        names = list(connector.capabilities().names())
+    else:
+        assert isinstance(connector, SourceConnector)
+        names = ["replay"] if connector.supports_replay() else ["no-replay"]
+    return ",".join(names) or "-"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _plugins_list(_args: argparse.Namespace) -> int:
+    registry = load_connector_registry()
+    if not len(registry):
+        print("no connectors installed: pip install a plugin (laminar-plugin-...)")
+        return 0
+    rows = [("CONNECTOR", "ROLE", "DISTRIBUTION", "VERSION", "CAPABILITIES")]
+    rows += [
+        (spec.name, str(spec.role), spec.distribution, spec.version, _capabilities(spec))
+        for spec in registry
+    ]
+    print(_table(rows))
+    return 0
+
+
+def _plugins_show(args: argparse.Namespace) -> int:
+    registry = load_connector_registry()
+    role = ConnectorRole(args.role) if args.role else None
+    spec = registry.get(args.name, role)
+    print(f"{spec.name} ({spec.role} connector)")
+    print(f"  distribution: {spec.distribution} {spec.version}".rstrip())
+    print(f"  capabilities: {_capabilities(spec)}")
+    if spec.description:
+        print(f"  {spec.description}")
+    if spec.config_prefixes:
+        print(f"  passes through keys starting with: {', '.join(spec.config_prefixes)}")
+    if not spec.config_keys:
+        print("  config keys: none")
+        return 0
+    rows = [("KEY", "TYPE", "REQUIRED", "DEFAULT", "DESCRIPTION")]
+    for key in spec.config_keys:
+        marks = "yes" if key.required else "no"
+        description = f"{key.description} [secret]" if key.secret else key.description
+        default = "" if key.default is None else key.default
+        rows.append((key.name, key.value_type.__name__, marks, default, description))
+    print("  config keys:")
+    print("\n".join(f"    {line}" for line in _table(rows).splitlines()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``laminar`` command."""
+    parser = argparse.ArgumentParser(
+        prog="laminar", description="Laminar SDK: connector plugins for Spark pipelines."
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {metadata.version('laminar-sdk')}"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plugins = commands.add_parser("plugins", help="list and inspect installed connectors")
+    plugin_commands = plugins.add_subparsers(dest="plugins_command", required=True)
+    listing = plugin_commands.add_parser("list", help="every installed connector")
+    listing.set_defaults(handler=_plugins_list)
+    show = plugin_commands.add_parser("show", help="one connector's description and config")
+    show.add_argument("name", help="connector name, as in `laminar plugins list`")
+    show.add_argument("--role", choices=[r.value for r in ConnectorRole])
+    show.set_defaults(handler=_plugins_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``laminar`` command; return its exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except LaminarError as error:
+        print(f"laminar: error: {error}", file=sys.stderr)
+        return 2
+    return status

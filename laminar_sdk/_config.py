@@ -1,0 +1,288 @@
+"""Connector configuration: typed keys, validation and redaction of secrets."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar, overload
+
+from laminar_sdk._errors import ConfigurationError
+
+T = TypeVar("T")
+
+REDACTED = "***"
+"""What a secret value is rendered as, everywhere."""
+
+# Keys whose values are secrets even when no spec declares them so: a plugin that forgets to
+# mark its password key must still not leak it through a repr or a log line.
+_SECRET_KEY_PATTERN = re.compile(
+    r"(password|passwd|secret|token|credential|private[._-]?key|api[._-]?key|access[._-]?key"
+    r"|sasl\.jaas)",
+    re.IGNORECASE,
+)
+
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def parse_bool(text: str) -> bool:
+    """Parse ``true/false``, ``1/0``, ``yes/no``, ``on/off`` (any case).
+
+    :raises ValueError: for anything else.
+    """
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"not a boolean: use one of {sorted(_TRUE | _FALSE)}")
+
+
+_PARSERS: dict[type, Callable[[str], object]] = {
+    str: str,
+    int: int,
+    float: float,
+    bool: parse_bool,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKeySpec:
+    """One configuration key a connector accepts.
+
+    :param name: the key, as the user writes it (``bootstrap.servers``).
+    :param required: whether the key must be given.
+    :param default: the value used when the key is not given (as text, like user input).
+    :param secret: whether the value must never be shown; it is rendered as ``***``.
+    :param description: one line for ``laminar plugins show``.
+    :param value_type: ``str``, ``int``, ``float`` or ``bool``; the value must parse as one.
+    """
+
+    name: str
+    required: bool = False
+    default: str | None = None
+    secret: bool = False
+    description: str = ""
+    value_type: type = str
+
+    def __post_init__(self) -> None:
+        if self.value_type not in _PARSERS:
+            raise TypeError(
+                f"ConfigKeySpec {self.name!r}: value_type must be one of "
+                f"{', '.join(t.__name__ for t in _PARSERS)}, got {self.value_type!r}"
+            )
+        if self.required and self.default is not None:
+            raise TypeError(f"ConfigKeySpec {self.name!r}: a required key cannot have a default")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a key's name marks its value as a secret even without a spec saying so."""
+    return _SECRET_KEY_PATTERN.search(key) is not None
+
+
+class ConnectorConfig:
+    """A connector's configuration: string keys to string values, read-only.
+
+    Secrets (keys declared ``secret=True`` and keys whose names look like secrets, such as
+    ``sasl.password``) never appear in ``repr``, ``str``, logs, error messages or
+    :meth:`redacted`; read them only with :meth:`require` / :meth:`get`.
+
+    It is deliberately not a ``Mapping``: ``dict(config)`` or ``json.dumps`` would carry the
+    secrets along. Pickling keeps them (a Spark executor needs them to connect), so a pickled
+    configuration is never written anywhere durable.
+
+    :param connector_type: the connector name the configuration is for, used in messages.
+    :param properties: the keys and values, as the user gave them.
+    :param secret_keys: keys to treat as secret besides those recognised by name.
+    """
+
+    __slots__ = ("_connector_type", "_properties", "_secret_keys")
+
+    def __init__(
+        self,
+        connector_type: str,
+        properties: Mapping[str, str] | None = None,
+        *,
+        secret_keys: Iterable[str] = (),
+    ) -> None:
+        props = dict(properties or {})
+        for key, value in props.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                shown = REDACTED if isinstance(key, str) and is_secret_key(key) else repr(value)
+                raise ConfigurationError(
+                    f"{connector_type}: config {key!r} must be a string, got {shown} "
+                    f"({type(value).__name__}); pass every value as text",
+                    key=str(key),
+                )
+        self._connector_type = connector_type
+        self._properties = props
+        self._secret_keys = frozenset(secret_keys) | {k for k in props if is_secret_key(k)}
+
+    @property
+    def connector_type(self) -> str:
+        """The connector this configuration is for."""
+        return self._connector_type
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """A copy of every key and value, secrets included: never log it."""
+        return dict(self._properties)
+
+    def is_secret(self, key: str) -> bool:
+        """Whether ``key``'s value is a secret."""
+        return key in self._secret_keys or is_secret_key(key)
+
+    def keys(self) -> list[str]:
+        """The keys that are set, sorted."""
+        return sorted(self._properties)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._properties
+
+    def __len__(self) -> int:
+        return len(self._properties)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ConnectorConfig):
+            return NotImplemented
+        return (
+            self._connector_type == other._connector_type
+            and self._properties == other._properties
+        )
+
+    # Compared by value; not hashable, so a config is never used as a cache key by mistake.
+    __hash__ = None  # type: ignore[assignment]
+
+    # Reading ----------------------------------------------------------------------------
+
+    def require(self, key: str) -> str:
+        """The value of a key that must be present.
+
+        :raises ConfigurationError: naming the key when it is missing.
+        """
+        try:
+            return self._properties[key]
+        except KeyError:
+            raise ConfigurationError(
+                f"{self._connector_type}: missing required config key {key!r}; "
+                f"set it with .option({key!r}, ...) or in the pipeline file",
+                key=key,
+            ) from None
+
+    @overload
+    def get(self, key: str, default: None = None) -> str | None: ...
+
+    @overload
+    def get(self, key: str, default: str) -> str: ...
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        """The value of ``key``, or ``default`` when it is absent."""
+        return self._properties.get(key, default)
+
+    @overload
+    def get_parsed(self, key: str, parse: Callable[[str], T]) -> T | None: ...
+
+    @overload
+    def get_parsed(self, key: str, parse: Callable[[str], T], default: T) -> T: ...
+
+    def get_parsed(
+        self, key: str, parse: Callable[[str], T], default: T | None = None
+    ) -> T | None:
+        """The value of ``key`` converted by ``parse`` (``int``, ``float``, ``bool``, ...).
+
+        ``bool`` is read with :func:`parse_bool` (``"false"`` is false). Returns ``default``
+        when the key is absent.
+
+        :raises ConfigurationError: naming the key when the value does not parse; a secret
+            value is not shown.
+        """
+        text = self._properties.get(key)
+        if text is None:
+            return default
+        parser: Callable[[str], object] = parse_bool if parse is bool else parse
+        try:
+            return parser(text)  # type: ignore[return-value]
+        except (ValueError, TypeError) as error:
+            shown = REDACTED if self.is_secret(key) else repr(text)
+            type_name = getattr(parse, "__name__", repr(parse))
+            raise ConfigurationError(
+                f"{self._connector_type}: config key {key!r} must be {type_name}, got {shown}",
+                key=key,
+            ) from error
+
+    def properties_with_prefix(self, prefix: str) -> dict[str, str]:
+        """Keys that start with ``prefix``, with the prefix removed.
+
+        ``properties_with_prefix("kafka.")`` turns ``kafka.acks=all`` into ``{"acks": "all"}``
+        — the usual way to pass settings through to a client library.
+        """
+        return {
+            key[len(prefix) :]: value
+            for key, value in self._properties.items()
+            if key.startswith(prefix)
+        }
+
+    # Validation -------------------------------------------------------------------------
+
+    def validate(
+        self, specs: Iterable[ConfigKeySpec], *, allow_prefixes: Iterable[str] = ()
+    ) -> ConnectorConfig:
+        """Check this configuration against declared keys and fill in defaults.
+
+        A key not declared is an error (with the closest declared key suggested), unless it
+        starts with one of ``allow_prefixes`` (pass-through settings such as ``kafka.``).
+
+        :returns: a new configuration with defaults applied and declared secrets marked.
+        :raises ConfigurationError: for the first missing, unknown or mistyped key, naming it.
+        """
+        by_name = {spec.name: spec for spec in specs}
+        prefixes = tuple(allow_prefixes)
+        for key in sorted(self._properties):
+            if key in by_name or key.startswith(prefixes):
+                continue
+            close = difflib.get_close_matches(key, list(by_name), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else (
+                f"accepted keys: {', '.join(sorted(by_name)) or 'none'}"
+            )
+            raise ConfigurationError(
+                f"{self._connector_type}: unknown config key {key!r}; {hint}", key=key
+            )
+        values = dict(self._properties)
+        for spec in by_name.values():
+            if spec.name not in values:
+                if spec.required:
+                    detail = f" ({spec.description})" if spec.description else ""
+                    raise ConfigurationError(
+                        f"{self._connector_type}: missing required config key "
+                        f"{spec.name!r}{detail}",
+                        key=spec.name,
+                    )
+                if spec.default is not None:
+                    values[spec.name] = spec.default
+        validated = ConnectorConfig(
+            self._connector_type,
+            values,
+            secret_keys=self._secret_keys | {s.name for s in by_name.values() if s.secret},
+        )
+        for spec in by_name.values():
+            if spec.name in values and spec.value_type is not str:
+                validated.get_parsed(spec.name, spec.value_type)
+        return validated
+
+    # Rendering --------------------------------------------------------------------------
+
+    def redacted(self) -> dict[str, str]:
+        """Every key, with each secret value replaced by ``***``: safe to log or persist."""
+        return {
+            key: REDACTED if self.is_secret(key) else value
+            for key, value in sorted(self._properties.items())
+        }
+
+    def __repr__(self) -> str:
+        return f"ConnectorConfig({self._connector_type!r}, {self.redacted()!r})"
+
+    def __str__(self) -> str:
+        body = ", ".join(f"{key}={value}" for key, value in self.redacted().items())
+        return f"{self._connector_type}({body})"

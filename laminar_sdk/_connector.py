@@ -1,0 +1,205 @@
+"""The connector contract: :class:`SourceConnector` and :class:`SinkConnector`.
+
+A faithful rendering of LaminarDB's ``SourceConnector`` / ``SinkConnector`` traits. I/O
+methods are coroutines; the runtime awaits them with a bounded timeout and retries the ones
+that fail with a transient error (:attr:`ConnectorError.is_transient`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+
+import pyarrow as pa
+
+from laminar_sdk._checkpoint import SourceCheckpoint
+from laminar_sdk._config import ConnectorConfig
+from laminar_sdk._schema import (
+    SchemaEvolvable,
+    SchemaInferable,
+    SchemaProvider,
+    SchemaRegistryAware,
+)
+from laminar_sdk._types import (
+    ConnectorMetrics,
+    HealthStatus,
+    SinkConnectorCapabilities,
+    SourceBatch,
+    WriteResult,
+)
+
+
+class SourceConnector(ABC):
+    """Reads records from an external system as Arrow batches.
+
+    Lifecycle: the factory builds an unopened instance → :meth:`open` → optionally
+    :meth:`restore` → :meth:`poll_batch` in a loop, with :meth:`checkpoint` between polls →
+    :meth:`close`. After a crash the runtime builds a *new* instance, opens it and restores the
+    last durable checkpoint, so nothing a source needs to resume may live only in memory.
+    """
+
+    @abstractmethod
+    async def open(self, config: ConnectorConfig) -> None:
+        """Connect and prepare to read. Raise :class:`ConfigurationError` naming the key for
+        bad configuration and :class:`ConnectionFailed` when the system cannot be reached."""
+
+    @abstractmethod
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        """Return the next records, at most ``max_records`` of them, or ``None`` when nothing
+        is available right now (the runtime waits and asks again).
+
+        Every batch must match :meth:`schema` exactly.
+        """
+
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of every batch this source returns."""
+
+    @abstractmethod
+    def checkpoint(self) -> SourceCheckpoint:
+        """Where this source stands now.
+
+        Restoring the result on a new instance must resume *after* the last record returned
+        by :meth:`poll_batch` — not at it (that duplicates one record) and not past it (that
+        loses records): mind the off-by-one. It never runs ahead of what was returned, even if
+        the source has read further internally.
+        """
+
+    @abstractmethod
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        """Seek to ``checkpoint``, a value an earlier :meth:`checkpoint` returned (possibly on
+        another instance, in another process). Partitions missing from it are read from their
+        start; each partition present is restored independently of the others."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release every resource. Called once; the instance is not used afterwards."""
+
+    async def health_check(self) -> HealthStatus:
+        """How the source is doing. Default: unknown."""
+        return HealthStatus.unknown()
+
+    def metrics(self) -> ConnectorMetrics:
+        """Counters for monitoring. Default: all zero."""
+        return ConnectorMetrics()
+
+    def data_ready_notify(self) -> asyncio.Event | None:
+        """An event the source sets when new data has arrived, or ``None``.
+
+        When given, the runtime awaits it instead of polling on a timer, so an idle pipeline
+        uses no CPU. The runtime clears it before each poll. Default: ``None`` (timer polling).
+        """
+        return None
+
+    def as_schema_provider(self) -> SchemaProvider | None:
+        """This source as a :class:`SchemaProvider`, if it is one. Default: ``None``."""
+        return None
+
+    def as_schema_inferable(self) -> SchemaInferable | None:
+        """This source as a :class:`SchemaInferable`, if it is one. Default: ``None``."""
+        return None
+
+    def as_schema_registry_aware(self) -> SchemaRegistryAware | None:
+        """This source as a :class:`SchemaRegistryAware`, if it is one. Default: ``None``."""
+        return None
+
+    def as_schema_evolvable(self) -> SchemaEvolvable | None:
+        """This source as a :class:`SchemaEvolvable`, if it is one. Default: ``None``."""
+        return None
+
+    def supports_replay(self) -> bool:
+        """Whether :meth:`restore` can go back to an earlier checkpoint and return the same
+        records again. Exactly-once pipelines require it. Default: ``True``."""
+        return True
+
+    def checkpoint_requested(self) -> threading.Event | None:
+        """A flag the source sets to ask for a checkpoint now (e.g. on a Kafka rebalance), or
+        ``None``. The runtime checks it between polls and clears it after checkpointing.
+        A ``threading.Event`` because a client library may set it from its own thread.
+        Default: ``None``."""
+        return None
+
+
+class SinkConnector(ABC):
+    """Writes Arrow batches to an external system, epoch by epoch.
+
+    For each epoch the runtime calls :meth:`begin_epoch` → :meth:`write_batch` (any number of
+    times) → :meth:`pre_commit` → *it makes its own record of the epoch durable* →
+    :meth:`commit_epoch`. If anything fails before its record is durable it calls
+    :meth:`rollback_epoch` instead of :meth:`commit_epoch`.
+
+    An exactly-once sink must also survive being restarted at any point: after a crash a new
+    instance may be handed an epoch it already committed (skip it: the committed data must be
+    recognisable in the external system itself, written atomically with the data), and an
+    epoch it pre-committed but never committed (the runtime either commits it, when its
+    record says the decision was taken, or rolls it back and replays it).
+    """
+
+    @abstractmethod
+    async def open(self, config: ConnectorConfig) -> None:
+        """Connect and prepare to write. Raise :class:`ConfigurationError` naming the key for
+        bad configuration and :class:`ConnectionFailed` when the system cannot be reached."""
+
+    @abstractmethod
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """Write ``batch`` within the current epoch. Nothing written may become visible to a
+        reader before :meth:`commit_epoch` when the sink declares ``exactly_once``.
+
+        Raise :class:`SchemaMismatch` when ``batch`` does not match :meth:`schema`.
+        """
+
+    @abstractmethod
+    def schema(self) -> pa.Schema:
+        """The Arrow schema every batch written to this sink must have."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release every resource. An open, uncommitted epoch is abandoned, not committed."""
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` (e.g. begin a transaction). Default: nothing."""
+
+    async def pre_commit(self, epoch: int) -> None:
+        """Phase one of two: make everything written in ``epoch`` durable but *not visible*.
+
+        A sink may flush buffers, stage files or prepare a transaction here. It must not
+        publish the epoch: the runtime may still roll it back. It must not lose any buffered
+        record either, the last batch included. Default: :meth:`flush`.
+        """
+        await self.flush()
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """Phase two: publish ``epoch`` atomically. Called only after :meth:`pre_commit`
+        succeeded and the runtime's record of the epoch is durable. Must be idempotent:
+        committing an epoch that is already committed does nothing. Default: nothing."""
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """Discard everything written in ``epoch`` so that no trace is visible.
+
+        Must be idempotent: the runtime may call it again after a crash, for an epoch that
+        was already rolled back or never begun on this instance. Default: nothing.
+        """
+
+    async def flush(self) -> None:
+        """Push buffered records to the external system. Default: nothing."""
+
+    async def health_check(self) -> HealthStatus:
+        """How the sink is doing. Default: unknown."""
+        return HealthStatus.unknown()
+
+    def metrics(self) -> ConnectorMetrics:
+        """Counters for monitoring. Default: all zero."""
+        return ConnectorMetrics()
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """What this sink promises. Default: nothing beyond at-least-once."""
+        return SinkConnectorCapabilities()
+
+    def as_schema_registry_aware(self) -> SchemaRegistryAware | None:
+        """This sink as a :class:`SchemaRegistryAware`, if it is one. Default: ``None``."""
+        return None
+
+    def as_schema_evolvable(self) -> SchemaEvolvable | None:
+        """This sink as a :class:`SchemaEvolvable`, if it is one. Default: ``None``."""
+        return None
