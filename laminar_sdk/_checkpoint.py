@@ -9,6 +9,7 @@ from typing import Any
 
 from laminar_sdk._errors import CheckpointError
 
+
 def _str_map_copy(value: Mapping[str, str], what: str) -> dict[str, str]:
     for key, item in value.items():
         if not isinstance(key, str) or not isinstance(item, str):

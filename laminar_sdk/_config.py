@@ -107,8 +107,10 @@ class ConnectorConfig:
         *,
         secret_keys: Iterable[str] = (),
     ) -> None:
-        props = dict(properties or {})
-        for key, value in props.items():
+        # Checked at run time too: configurations arrive from TOML files and Spark options.
+        given: Iterable[tuple[object, object]] = (properties or {}).items()
+        props: dict[str, str] = {}
+        for key, value in given:
             if not isinstance(key, str) or not isinstance(value, str):
                 shown = REDACTED if isinstance(key, str) and is_secret_key(key) else repr(value)
                 raise ConfigurationError(
@@ -116,6 +118,7 @@ class ConnectorConfig:
                     f"({type(value).__name__}); pass every value as text",
                     key=str(key),
                 )
+            props[key] = value
         self._connector_type = connector_type
         self._properties = props
         self._secret_keys = frozenset(secret_keys) | {k for k in props if is_secret_key(k)}
@@ -148,8 +151,7 @@ class ConnectorConfig:
         if not isinstance(other, ConnectorConfig):
             return NotImplemented
         return (
-            self._connector_type == other._connector_type
-            and self._properties == other._properties
+            self._connector_type == other._connector_type and self._properties == other._properties
         )
 
     # Compared by value; not hashable, so a config is never used as a cache key by mistake.
@@ -187,9 +189,7 @@ class ConnectorConfig:
     @overload
     def get_parsed(self, key: str, parse: Callable[[str], T], default: T) -> T: ...
 
-    def get_parsed(
-        self, key: str, parse: Callable[[str], T], default: T | None = None
-    ) -> T | None:
+    def get_parsed(self, key: str, parse: Callable[[str], T], default: T | None = None) -> T | None:
         """The value of ``key`` converted by ``parse`` (``int``, ``float``, ``bool``, ...).
 
         ``bool`` is read with :func:`parse_bool` (``"false"`` is false). Returns ``default``
@@ -243,8 +243,10 @@ class ConnectorConfig:
             if key in by_name or key.startswith(prefixes):
                 continue
             close = difflib.get_close_matches(key, list(by_name), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else (
-                f"accepted keys: {', '.join(sorted(by_name)) or 'none'}"
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else (f"accepted keys: {', '.join(sorted(by_name)) or 'none'}")
             )
             raise ConfigurationError(
                 f"{self._connector_type}: unknown config key {key!r}; {hint}", key=key

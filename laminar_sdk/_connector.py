@@ -41,15 +41,18 @@ class SourceConnector(ABC):
 
     @abstractmethod
     async def open(self, config: ConnectorConfig) -> None:
-        """Connect and prepare to read. Raise :class:`ConfigurationError` naming the key for
-        bad configuration and :class:`ConnectionFailed` when the system cannot be reached."""
+        """Connect and prepare to read.
+
+        Raise :class:`ConfigurationError` naming the key for bad configuration and
+        :class:`ConnectionFailed` when the system cannot be reached.
+        """
 
     @abstractmethod
     async def poll_batch(self, max_records: int) -> SourceBatch | None:
-        """Return the next records, at most ``max_records`` of them, or ``None`` when nothing
-        is available right now (the runtime waits and asks again).
+        """Return the next records, at most ``max_records`` of them.
 
-        Every batch must match :meth:`schema` exactly.
+        Return ``None`` when nothing is available right now (the runtime waits and asks
+        again). Every batch must match :meth:`schema` exactly.
         """
 
     @abstractmethod
@@ -68,9 +71,12 @@ class SourceConnector(ABC):
 
     @abstractmethod
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
-        """Seek to ``checkpoint``, a value an earlier :meth:`checkpoint` returned (possibly on
-        another instance, in another process). Partitions missing from it are read from their
-        start; each partition present is restored independently of the others."""
+        """Seek to ``checkpoint``, a value an earlier :meth:`checkpoint` returned.
+
+        The checkpoint may come from another instance, in another process. Partitions missing
+        from it are read from their start; each partition present is restored independently
+        of the others.
+        """
 
     @abstractmethod
     async def close(self) -> None:
@@ -109,15 +115,19 @@ class SourceConnector(ABC):
         return None
 
     def supports_replay(self) -> bool:
-        """Whether :meth:`restore` can go back to an earlier checkpoint and return the same
-        records again. Exactly-once pipelines require it. Default: ``True``."""
+        """Whether :meth:`restore` can go back and return the same records again.
+
+        Exactly-once pipelines require it. Default: ``True``.
+        """
         return True
 
     def checkpoint_requested(self) -> threading.Event | None:
-        """A flag the source sets to ask for a checkpoint now (e.g. on a Kafka rebalance), or
-        ``None``. The runtime checks it between polls and clears it after checkpointing.
-        A ``threading.Event`` because a client library may set it from its own thread.
-        Default: ``None``."""
+        """A flag the source sets to ask for a checkpoint now (e.g. on a Kafka rebalance).
+
+        The runtime checks it between polls and clears it after checkpointing. It is a
+        ``threading.Event`` because a client library may set it from its own thread.
+        Default: ``None`` (the source never asks).
+        """
         return None
 
 
@@ -138,15 +148,19 @@ class SinkConnector(ABC):
 
     @abstractmethod
     async def open(self, config: ConnectorConfig) -> None:
-        """Connect and prepare to write. Raise :class:`ConfigurationError` naming the key for
-        bad configuration and :class:`ConnectionFailed` when the system cannot be reached."""
+        """Connect and prepare to write.
+
+        Raise :class:`ConfigurationError` naming the key for bad configuration and
+        :class:`ConnectionFailed` when the system cannot be reached.
+        """
 
     @abstractmethod
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
-        """Write ``batch`` within the current epoch. Nothing written may become visible to a
-        reader before :meth:`commit_epoch` when the sink declares ``exactly_once``.
+        """Write ``batch`` within the current epoch.
 
-        Raise :class:`SchemaMismatch` when ``batch`` does not match :meth:`schema`.
+        Nothing written may become visible to a reader before :meth:`commit_epoch` when the
+        sink declares ``exactly_once``. Raise :class:`SchemaMismatch` when ``batch`` does not
+        match :meth:`schema`.
         """
 
     @abstractmethod
@@ -170,9 +184,12 @@ class SinkConnector(ABC):
         await self.flush()
 
     async def commit_epoch(self, epoch: int) -> None:
-        """Phase two: publish ``epoch`` atomically. Called only after :meth:`pre_commit`
-        succeeded and the runtime's record of the epoch is durable. Must be idempotent:
-        committing an epoch that is already committed does nothing. Default: nothing."""
+        """Phase two of two: publish ``epoch`` atomically.
+
+        Called only after :meth:`pre_commit` succeeded and the runtime's record of the epoch
+        is durable. Must be idempotent: committing an epoch that is already committed does
+        nothing. Default: nothing.
+        """
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Discard everything written in ``epoch`` so that no trace is visible.

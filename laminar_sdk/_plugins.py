@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from importlib import metadata
-from types import ModuleType
 
 import pluggy
 
@@ -60,9 +59,9 @@ def _distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
     return dist.metadata["Name"] or dist.name, dist.version
 
 
-def _load(entry_point: metadata.EntryPoint, distribution: str) -> ModuleType | object:
+def _load(entry_point: metadata.EntryPoint, distribution: str) -> object:
     try:
-        return entry_point.load()
+        plugin: object = entry_point.load()
     except Exception as error:
         raise PluginError(
             f"plugin {entry_point.name!r} from distribution {distribution} failed to import "
@@ -71,6 +70,7 @@ def _load(entry_point: metadata.EntryPoint, distribution: str) -> ModuleType | o
             f"{DENYLIST_VARIABLE}={entry_point.name}",
             distribution=distribution,
         ) from error
+    return plugin
 
 
 def _register(
@@ -120,8 +120,10 @@ def load_plugins(
     entry_points: Iterable[metadata.EntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> tuple[ConnectorRegistry, pluggy.PluginManager]:
-    """Like :func:`load_connector_registry`, also returning the pluggy plugin manager, for
-    callers that invoke further hooks."""
+    """Load plugins like :func:`load_connector_registry`; also return the plugin manager.
+
+    For callers that invoke hooks beyond connector registration.
+    """
     if entry_points is None:
         entry_points = metadata.entry_points(group=PLUGIN_ENTRY_POINT_GROUP)
     manager = pluggy.PluginManager(_hookspecs.PROJECT_NAME)
@@ -156,4 +158,3 @@ def load_plugins(
                     distribution=distribution,
                 ) from error
     return registry, manager
-

@@ -12,7 +12,6 @@ from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
 
 
-
 class ConnectorRole(enum.Enum):
     """Whether a connector reads (source) or writes (sink)."""
 
@@ -110,7 +109,14 @@ class ConnectorRegistry:
         :param config_prefixes: key prefixes passed through unchecked (``kafka.``).
         :raises PluginError: when a source of that name is already registered.
         """
-        self._add(ConnectorRole.SOURCE, name, factory, config_keys, description, config_prefixes)
+        self._add(
+            role=ConnectorRole.SOURCE,
+            name=name,
+            factory=factory,
+            config_keys=config_keys,
+            description=description,
+            config_prefixes=config_prefixes,
+        )
 
     def add_sink(
         self,
@@ -122,10 +128,18 @@ class ConnectorRegistry:
         config_prefixes: Iterable[str] = (),
     ) -> None:
         """Register a sink connector; the parameters are those of :meth:`add_source`."""
-        self._add(ConnectorRole.SINK, name, factory, config_keys, description, config_prefixes)
+        self._add(
+            role=ConnectorRole.SINK,
+            name=name,
+            factory=factory,
+            config_keys=config_keys,
+            description=description,
+            config_prefixes=config_prefixes,
+        )
 
     def _add(
         self,
+        *,
         role: ConnectorRole,
         name: str,
         factory: Callable[[], SourceConnector | SinkConnector],

@@ -1,7 +1,8 @@
 """Optional schema capabilities a connector may offer, after LaminarDB's schema traits.
 
 A connector offers one by implementing the interface and returning ``self`` from the matching
-``as_schema_*`` method of :class:`~laminar_sdk.SourceConnector` / :class:`~laminar_sdk.SinkConnector`.
+``as_schema_*`` method of :class:`~laminar_sdk.SourceConnector` or
+:class:`~laminar_sdk.SinkConnector`.
 """
 
 from __future__ import annotations
@@ -77,8 +78,10 @@ class EvolutionVerdict(enum.Enum):
 
 
 class SchemaProvider(ABC):
-    """A connector that knows its schema from the external system (a table's DDL, a file's
-    footer) before reading any record."""
+    """A connector that knows its schema from the external system before reading a record.
+
+    For example from a table's DDL or a file's footer.
+    """
 
     @abstractmethod
     async def provide_schema(self, config: ConnectorConfig) -> pa.Schema:

@@ -1,0 +1,69 @@
+"""Fixtures shared by the SDK's own tests."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+import textwrap
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+Run = Callable[[Coroutine[Any, Any, T]], T]
+
+
+@pytest.fixture
+def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """Run a coroutine to completion: ``run(connector.open(config))``."""
+    return asyncio.run
+
+
+InstallDistribution = Callable[..., Path]
+
+
+@pytest.fixture
+def install_distribution(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[InstallDistribution]:
+    """Install a tiny distribution the way pip would lay it out on ``sys.path``.
+
+    ``install_distribution("laminar-plugin-x", modules={"x_plugin": "..."},
+    plugins={"x": "x_plugin"})`` writes ``x_plugin.py`` and a ``.dist-info`` directory with the
+    ``laminar_sdk.plugins`` entry points, then puts the directory on ``sys.path``:
+    ``importlib.metadata`` finds it exactly as it finds a pip-installed plugin.
+    """
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    written: list[str] = []
+
+    def install(
+        name: str,
+        *,
+        modules: Mapping[str, str],
+        plugins: Mapping[str, str],
+        version: str = "1.0.0",
+    ) -> Path:
+        for module, source in modules.items():
+            (site / f"{module}.py").write_text(textwrap.dedent(source))
+            written.append(module)
+        dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        )
+        lines = [f"{plugin} = {target}" for plugin, target in plugins.items()]
+        (dist_info / "entry_points.txt").write_text(
+            "[laminar_sdk.plugins]\n" + "\n".join(lines) + "\n"
+        )
+        importlib.invalidate_caches()
+        return site
+
+    yield install
+    for module in written:
+        sys.modules.pop(module, None)

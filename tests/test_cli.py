@@ -1,0 +1,109 @@
+"""The ``laminar`` command: plugin listing and inspection."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from laminar_sdk._cli import main
+
+PLUGIN = """
+import pyarrow as pa
+from laminar_sdk import (
+    ConfigKeySpec, SinkConnector, SinkConnectorCapabilities, WriteResult, hookimpl,
+)
+
+
+class Sink(SinkConnector):
+    async def open(self, config):
+        pass
+
+    async def write_batch(self, batch):
+        return WriteResult(batch.num_rows)
+
+    def schema(self):
+        return pa.schema([("id", pa.int64())])
+
+    async def close(self):
+        pass
+
+    def capabilities(self):
+        return SinkConnectorCapabilities().with_exactly_once().with_idempotent()
+
+
+@hookimpl
+def laminar_register_connectors(registry):
+    registry.add_sink(
+        "vault", Sink, description="writes to the vault",
+        config_keys=[
+            ConfigKeySpec("url", required=True, description="where the vault is"),
+            ConfigKeySpec("retries", default="3", value_type=int, description="attempts"),
+            ConfigKeySpec("token", secret=True, description="access token"),
+        ],
+    )
+"""
+
+
+@pytest.fixture
+def vault_plugin(install_distribution):
+    install_distribution(
+        "laminar-plugin-vault",
+        version="0.3.1",
+        modules={"vault_plugin": PLUGIN},
+        plugins={"vault": "vault_plugin"},
+    )
+
+
+def test_plugins_list_shows_name_role_distribution_version_capabilities(vault_plugin, capsys):
+    assert main(["plugins", "list"]) == 0
+    out = capsys.readouterr().out
+    header, *rows = out.splitlines()
+    assert header.split() == ["CONNECTOR", "ROLE", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
+    vault = next(row.split() for row in rows if row.startswith("vault "))
+    assert vault == ["vault", "sink", "laminar-plugin-vault", "0.3.1", "exactly_once,idempotent"]
+
+
+def test_plugins_show_describes_keys_and_marks_secrets(vault_plugin, capsys):
+    assert main(["plugins", "show", "vault"]) == 0
+    out = capsys.readouterr().out
+    assert "vault (sink connector)" in out
+    assert "laminar-plugin-vault 0.3.1" in out
+    assert "writes to the vault" in out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("    ")}
+    assert lines["url"].split()[:3] == ["url", "str", "yes"]
+    assert lines["retries"].split()[:4] == ["retries", "int", "no", "3"]
+    assert "[secret]" in lines["token"]
+    assert "[secret]" not in lines["url"]
+
+
+def test_plugins_show_unknown_connector_exits_2_with_advice(vault_plugin, capsys):
+    assert main(["plugins", "show", "valt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("laminar: error: no connector named 'valt' is installed")
+    assert "vault" in err
+    assert "laminar plugins list" in err
+
+
+def test_broken_plugin_gives_one_clear_line_not_a_traceback(install_distribution, capsys):
+    install_distribution(
+        "laminar-plugin-broken",
+        modules={"broken_plugin": "1/0\n"},
+        plugins={"broken": "broken_plugin"},
+    )
+    assert main(["plugins", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "laminar-plugin-broken failed to import" in err
+    assert "ZeroDivisionError" in err
+    assert "Traceback" not in err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.startswith("laminar ")
