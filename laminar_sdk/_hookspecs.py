@@ -1,8 +1,8 @@
 """Hook specifications: the hooks a Laminar plugin may implement.
 
-Mark implementations with :data:`laminar_sdk.hookimpl`. A function in a plugin module whose
-name starts with ``laminar_`` but matches no hook here is an error when the plugin loads, so a
-misspelt hook fails loudly instead of being ignored.
+Mark implementations with :data:`laminar_sdk.hookimpl`. A marked function whose name matches
+no hook here is an error when the plugin loads, so a misspelt hook fails loudly instead of
+being ignored. (An unmarked function is not a hook implementation at all and is not called.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,36 @@
+"""The reference connectors shipped with the SDK, for tests, benchmarks and examples.
+
+They register through the ``laminar_sdk.plugins`` entry point (``reference``), exactly as a
+third-party plugin does, under these names:
+
+- ``generator`` source — deterministic, replayable, partitioned rows whose ids are unique
+  across partitions (:class:`GeneratorSource`);
+- ``memory`` source — replays records a test appended to a directory (:class:`MemorySource`);
+- ``memory`` sink — commits epochs exactly once to a directory, with a two-phase commit that
+  survives a restart (:class:`MemorySink`);
+- ``null`` sink — counts records and bytes, keeps nothing, at-least-once (:class:`NullSink`).
+
+Every bit of state a restarted process needs lives in the checkpoint (sources) or in the
+``path`` directory (memory and null), never only in memory.
+"""
+
+from __future__ import annotations
+
+from laminar_sdk.reference._generator import UNBOUNDED, GeneratorSource
+from laminar_sdk.reference._memory import MemorySink, MemorySource
+from laminar_sdk.reference._null import EpochCount, NullSink
+from laminar_sdk.reference._plugin import laminar_register_connectors
+from laminar_sdk.reference._schemas import IDS_SCHEMA, SCHEMAS, WIDE_SCHEMA
+
+__all__ = [
+    "IDS_SCHEMA",
+    "SCHEMAS",
+    "UNBOUNDED",
+    "WIDE_SCHEMA",
+    "EpochCount",
+    "GeneratorSource",
+    "MemorySink",
+    "MemorySource",
+    "NullSink",
+    "laminar_register_connectors",
+]

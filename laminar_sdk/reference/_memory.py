@@ -1,0 +1,566 @@
+"""The ``memory`` source and sink: exactly-once test connectors whose state lives in a directory.
+
+Nothing is kept only in memory, despite the name: a test in another process, or a new
+instance after a crash, finds everything in the directory given by the ``path`` key. Layout::
+
+    path/source/partition-<p>/<first offset, 20 digits>.arrow   appended records (source)
+    path/_sink.json                                             the sink's schema name
+    path/_staging/epoch-<e>/part-<n>.arrow                      batches of an open epoch
+    path/_staging/epoch-<e>/_MANIFEST.json                      present once pre-committed
+    path/committed/epoch-<e>/                                   a committed epoch, as staged
+
+Every file holds one Arrow IPC batch.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+
+from laminar_sdk import (
+    CheckpointError,
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectorConfig,
+    ConnectorMetrics,
+    InvalidState,
+    PartitionInfo,
+    SinkConnector,
+    SinkConnectorCapabilities,
+    SourceBatch,
+    SourceCheckpoint,
+    SourceConnector,
+    WriteResult,
+)
+from laminar_sdk.reference._files import (
+    arrow_file_bytes,
+    create_file_atomically,
+    fsync_path,
+    make_dirs,
+    read_arrow_file,
+    write_file_atomically,
+)
+from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference._offsets import NEXT_PARTITION, next_partition_in, offsets_in
+from laminar_sdk.reference._schemas import (
+    IDS_SCHEMA,
+    SCHEMA_KEY,
+    SCHEMAS,
+    configured_schema,
+    conform_batch,
+)
+
+_PATH_KEY = ConfigKeySpec(
+    "path",
+    required=True,
+    description="directory holding the data, shared by every process and instance of a test",
+)
+_SOURCE = "source"
+_SOURCE_NAME = "memory source"
+_PARTITION = re.compile(r"partition-(\d+)")
+_SEGMENT = re.compile(r"(\d{20})\.arrow")
+_SINK_FILE = "_sink.json"
+_STAGING = "_staging"
+_COMMITTED = "committed"
+_EPOCH = re.compile(r"epoch-(\d+)")
+_MANIFEST = "_MANIFEST.json"
+_MAX_PARTITION = 2**31 - 1  # the partition column is int32
+
+
+def _configured_directory(config: ConnectorConfig) -> Path:
+    directory = Path(config.require(_PATH_KEY.name))
+    if directory.exists() and not directory.is_dir():
+        raise ConfigurationError(
+            f"{config.connector_type}: config key 'path' must name a directory, and "
+            f"{directory} is a file",
+            key=_PATH_KEY.name,
+        )
+    return directory
+
+
+def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    """The entries of ``directory`` whose names match ``pattern``, by their number, ascending."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    matches = (pattern.fullmatch(name) for name in names)
+    return sorted((int(match[1]), directory / match[0]) for match in matches if match)
+
+
+# Source -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """One appended file: offsets ``start`` (included) to ``stop`` (excluded) of a partition."""
+
+    start: int
+    stop: int
+    path: Path
+
+
+def _partition_directory(directory: Path, partition: int) -> Path:
+    return directory / _SOURCE / f"partition-{partition}"
+
+
+def _segment_path(partition_directory: Path, start: int) -> Path:
+    return partition_directory / f"{start:020d}.arrow"
+
+
+def _end_offset(partition_directory: Path) -> int:
+    segments = _numbered(partition_directory, _SEGMENT)
+    if not segments:
+        return 0
+    start, path = segments[-1]
+    return start + int(read_arrow_file(path).num_rows)
+
+
+class MemorySource(SourceConnector):
+    """Replays records that a test appended with :meth:`append`, exactly, from any checkpoint.
+
+    Records have the ``ids`` schema (``id: int64, partition: int32, value: double``, with
+    ``value = float(id)``). Partition ``p``'s records have offsets ``0, 1, 2, …`` in the order
+    they were appended; a partition appears when its first record is appended, so the source
+    never ends: :meth:`poll_batch` returns ``None`` when nothing new has been appended.
+    """
+
+    CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (_PATH_KEY,)
+    DESCRIPTION: ClassVar[str] = (
+        "Replays records a test appended to a directory (MemorySource.append), from any checkpoint"
+    )
+
+    def __init__(self) -> None:
+        self._lifecycle: Lifecycle[Path] = Lifecycle(_SOURCE_NAME)
+        self._segments: dict[int, list[_Segment]] = {}
+        self._next: dict[int, int] = {}
+        self._cursor = 0
+        self._records_total = 0
+        self._bytes_total = 0
+
+    @classmethod
+    def append(cls, path: str | os.PathLike[str], ids: Iterable[int], *, partition: int = 0) -> int:
+        """Durably append records carrying ``ids``, in order, to ``partition`` at ``path``.
+
+        The records of one call are written as one file, complete or not at all, before this
+        returns. Several processes may append at once: each call's records stay together.
+
+        :returns: the partition's record count after the append (the offset after the last
+            new record).
+        :raises ValueError: when ``partition`` is not in ``[0, 2**31)``.
+        """
+        if not 0 <= partition <= _MAX_PARTITION:
+            raise ValueError(f"{_SOURCE_NAME}: partition must be in [0, 2**31), got {partition}")
+        directory = _partition_directory(Path(path), partition)
+        make_dirs(directory)
+        id_array = pa.array(list(ids), pa.int64())
+        if not len(id_array):
+            return _end_offset(directory)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                id_array,
+                pa.repeat(pa.scalar(partition, pa.int32()), len(id_array)),
+                id_array.cast(pa.float64(), safe=False),
+            ],
+            schema=IDS_SCHEMA,
+        )
+        data = arrow_file_bytes(batch)
+        while True:
+            # Another process may take this offset first; then the end has moved: try again.
+            start = _end_offset(directory)
+            if create_file_atomically(_segment_path(directory, start), data):
+                return start + len(id_array)
+
+    async def open(self, config: ConnectorConfig) -> None:
+        """Check ``config``; the directory need not exist yet (nothing appended so far).
+
+        :raises ConfigurationError: when ``path`` is missing or names a file.
+        """
+        config = config.validate(self.CONFIG_KEYS)
+        self._lifecycle.open(_configured_directory(config))
+
+    def schema(self) -> pa.Schema:
+        """The ``ids`` schema: ``id: int64, partition: int32, value: double``."""
+        return IDS_SCHEMA
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        """Return up to ``max_records`` records of the next partition that has unread ones.
+
+        Partitions are visited in turn, by number. Returns ``None`` when every record
+        appended so far has been returned.
+
+        :raises ValueError: when ``max_records < 1``.
+        """
+        directory = self._lifecycle.require("poll_batch")
+        if max_records < 1:
+            raise ValueError(f"{_SOURCE_NAME}: max_records must be >= 1, got {max_records}")
+        self._refresh(directory)
+        partitions = sorted(self._segments)
+        rotation = [p for p in partitions if p >= self._cursor] + [
+            p for p in partitions if p < self._cursor
+        ]
+        for partition in rotation:
+            start = self._next.get(partition, 0)
+            segment = next((s for s in self._segments[partition] if s.stop > start), None)
+            if segment is None:
+                continue
+            stop = min(segment.stop, start + max_records)
+            batch = read_arrow_file(segment.path).slice(start - segment.start, stop - start)
+            self._next[partition] = stop
+            self._cursor = partition + 1
+            self._records_total += stop - start
+            self._bytes_total += batch.nbytes
+            return SourceBatch(batch, PartitionInfo(str(partition), str(stop)))
+        return None
+
+    def _refresh(self, directory: Path) -> None:
+        """Learn of records appended since the last look (files never change once written)."""
+        for partition, partition_directory in _numbered(directory / _SOURCE, _PARTITION):
+            known = self._segments.setdefault(partition, [])
+            for start, path in _numbered(partition_directory, _SEGMENT)[len(known) :]:
+                stop = start + int(read_arrow_file(path).num_rows)
+                known.append(_Segment(start, stop, path))
+
+    def _end(self, partition: int) -> int:
+        segments = self._segments.get(partition)
+        return segments[-1].stop if segments else 0
+
+    def checkpoint(self) -> SourceCheckpoint:
+        """Each partition's next offset: restoring resumes *after* the last record returned.
+
+        Partitions at offset 0 are left out, so records appended to a new partition later do
+        not change a checkpoint taken before.
+        """
+        self._lifecycle.require("checkpoint")
+        offsets = {str(p): str(offset) for p, offset in sorted(self._next.items()) if offset}
+        return SourceCheckpoint(offsets, metadata={NEXT_PARTITION: str(self._cursor)})
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        """Seek every partition to its offset in ``checkpoint``; partitions it omits to 0.
+
+        :raises CheckpointError: for an offset that is not a count, or one past the records
+            appended to its partition (the directory is not the one the checkpoint was taken
+            against).
+        """
+        directory = self._lifecycle.require("restore")
+        self._refresh(directory)
+        offsets = offsets_in(_SOURCE_NAME, checkpoint)
+        for partition, offset in offsets.items():
+            if offset > self._end(partition):
+                raise CheckpointError(
+                    f"{_SOURCE_NAME}: checkpoint offset {offset} of partition {partition} is "
+                    f"past the {self._end(partition)} record(s) appended in {directory}; was the "
+                    "directory replaced?"
+                )
+        self._next = offsets
+        self._cursor = next_partition_in(_SOURCE_NAME, checkpoint)
+
+    def metrics(self) -> ConnectorMetrics:
+        """Records and Arrow bytes returned, and the lag.
+
+        ``lag`` is the appended records not yet returned, as of the last poll or restore.
+        """
+        lag = sum(self._end(p) - self._next.get(p, 0) for p in self._segments)
+        return ConnectorMetrics(
+            records_total=self._records_total, bytes_total=self._bytes_total, lag=lag
+        )
+
+    async def close(self) -> None:
+        """Stop; the appended records stay in the directory."""
+        self._lifecycle.close()
+
+
+# Sink -------------------------------------------------------------------------------------
+
+
+class _Phase(enum.Enum):
+    WRITING = "writing"
+    PRE_COMMITTED = "pre-committed"
+    SKIPPING = "skipping an epoch committed before"
+
+
+@dataclass(slots=True)
+class _OpenEpoch:
+    number: int
+    phase: _Phase
+    parts: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _SinkSettings:
+    directory: Path
+    schema: pa.Schema
+
+
+def _epoch_directory(directory: Path, area: str, epoch: int) -> Path:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"memory sink: an epoch is an int >= 0, got {epoch!r}")
+    return directory / area / f"epoch-{epoch}"
+
+
+def _discard_staging(directory: Path, epoch: int) -> None:
+    """Remove the staged data of ``epoch``; a crash part-way leaves it not pre-committed."""
+    staging = _epoch_directory(directory, _STAGING, epoch)
+    if not staging.exists():
+        return
+    (staging / _MANIFEST).unlink(missing_ok=True)
+    fsync_path(staging)
+    shutil.rmtree(staging)
+    fsync_path(staging.parent)
+
+
+def _record_schema(directory: Path, name: str) -> None:
+    """Record which schema the sink at ``directory`` writes; refuse a different one later."""
+    record = directory / _SINK_FILE
+    if create_file_atomically(record, json.dumps({"schema": name}).encode()):
+        return
+    recorded = json.loads(record.read_bytes())["schema"]
+    if recorded != name:
+        raise ConfigurationError(
+            f"memory sink: {directory} already holds a memory sink with schema {recorded!r}, "
+            f"not {name!r}; use that schema or another path",
+            key=SCHEMA_KEY.name,
+        )
+
+
+class MemorySink(SinkConnector):
+    """An exactly-once sink that commits epochs to a directory with a two-phase commit.
+
+    - :meth:`begin_epoch` starts the epoch afresh in ``path/_staging/epoch-<e>/`` (staged
+      data of an earlier, failed attempt at ``e`` is discarded) — unless ``path/committed``
+      already holds ``e``: then the epoch is a re-delivery and every call for it up to
+      :meth:`commit_epoch` or :meth:`rollback_epoch` does nothing.
+    - :meth:`write_batch` stages each batch as a file, not yet durable and never visible.
+    - :meth:`pre_commit` fsyncs the staged files, then writes the epoch's manifest: only a
+      pre-committed epoch can be committed, by this instance or any other.
+    - :meth:`commit_epoch` renames the staging directory to ``path/committed/epoch-<e>/``:
+      that rename, made durable, is the commit record; re-committing does nothing.
+    - :meth:`rollback_epoch` deletes the staged data and never touches a committed epoch.
+
+    Read what was committed with :meth:`committed_ids` / :meth:`committed_table`. Writers of
+    one epoch must not run in parallel (the sink is not ``partitioned``): with nothing to say
+    which writer's staged files belong to the epoch, a retried writer's stale files would be
+    committed too.
+    """
+
+    CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (_PATH_KEY, SCHEMA_KEY)
+    DESCRIPTION: ClassVar[str] = (
+        "Commits epochs exactly once to a directory (two-phase, rename-based), for tests"
+    )
+
+    def __init__(self) -> None:
+        self._lifecycle: Lifecycle[_SinkSettings] = Lifecycle("memory sink")
+        self._epoch: _OpenEpoch | None = None
+        self._records_total = 0
+        self._bytes_total = 0
+        self._epochs_committed = 0
+        self._epochs_skipped = 0
+
+    @staticmethod
+    def committed_ids(path: str | os.PathLike[str]) -> list[int]:
+        """The ``id`` of every committed record at ``path``, by epoch then write order.
+
+        Duplicates are kept, so an exactly-once check is ``sorted(ids) == expected``.
+        """
+        return list(
+            itertools.chain.from_iterable(
+                batch.column("id").to_pylist() for batch in _committed_batches(Path(path))
+            )
+        )
+
+    @staticmethod
+    def committed_table(path: str | os.PathLike[str]) -> pa.Table:
+        """Every committed record at ``path``, by epoch then write order.
+
+        :raises InvalidState: when no memory sink was ever opened at ``path``.
+        """
+        directory = Path(path)
+        try:
+            name = json.loads((directory / _SINK_FILE).read_bytes())["schema"]
+        except FileNotFoundError:
+            raise InvalidState(
+                "a path a memory sink was opened at", f"no memory sink at {directory}"
+            ) from None
+        return pa.Table.from_batches(_committed_batches(directory), schema=SCHEMAS[name])
+
+    async def open(self, config: ConnectorConfig) -> None:
+        """Check ``config`` and create the directory layout under ``path``.
+
+        :raises ConfigurationError: when ``path`` is missing or not a directory, or holds a
+            sink with another ``schema``.
+        """
+        config = config.validate(self.CONFIG_KEYS)
+        schema = configured_schema(config)
+        directory = _configured_directory(config)
+        try:
+            make_dirs(directory / _STAGING)
+            make_dirs(directory / _COMMITTED)
+        except (NotADirectoryError, FileExistsError) as error:
+            raise ConfigurationError(
+                f"memory sink: cannot create the sink's directories under {directory}: {error}",
+                key=_PATH_KEY.name,
+            ) from error
+        _record_schema(directory, config.require(SCHEMA_KEY.name))
+        self._lifecycle.open(_SinkSettings(directory, schema))
+
+    def schema(self) -> pa.Schema:
+        """The configured schema (``ids`` or ``wide``)."""
+        return self._lifecycle.require("schema").schema
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """``exactly_once``, ``two_phase_commit`` and ``idempotent`` (per epoch)."""
+        return (
+            SinkConnectorCapabilities()
+            .with_exactly_once()
+            .with_two_phase_commit()
+            .with_idempotent()
+        )
+
+    def _current(self, operation: str, epoch: int | None = None) -> _OpenEpoch:
+        current = self._epoch
+        if current is None or (epoch is not None and current.number != epoch):
+            actual = "no epoch begun" if current is None else f"epoch {current.number} begun"
+            wanted = "" if epoch is None else f"({epoch})"
+            raise InvalidState(f"begin_epoch{wanted} before {operation}{wanted}", actual)
+        return current
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` afresh, or recognise it as committed already and skip it.
+
+        :raises InvalidState: when another epoch is open on this instance.
+        """
+        settings = self._lifecycle.require("begin_epoch")
+        if self._epoch is not None:
+            raise InvalidState(
+                f"commit_epoch or rollback_epoch of epoch {self._epoch.number} first",
+                f"begin_epoch({epoch}) while epoch {self._epoch.number} is open",
+            )
+        if _epoch_directory(settings.directory, _COMMITTED, epoch).exists():
+            self._epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+            self._epochs_skipped += 1
+            return
+        _discard_staging(settings.directory, epoch)
+        make_dirs(_epoch_directory(settings.directory, _STAGING, epoch))
+        self._epoch = _OpenEpoch(epoch, _Phase.WRITING)
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """Stage ``batch`` in the open epoch; in a skipped epoch, write nothing.
+
+        :returns: the records and bytes staged (0 for a skipped epoch).
+        :raises SchemaMismatch: naming how ``batch`` differs from :meth:`schema`.
+        :raises InvalidState: when no epoch is open, or it was pre-committed already.
+        """
+        settings = self._lifecycle.require("write_batch")
+        batch = conform_batch("memory sink", settings.schema, batch)
+        epoch = self._current("write_batch")
+        if epoch.phase is _Phase.SKIPPING:
+            return WriteResult(0)
+        if epoch.phase is _Phase.PRE_COMMITTED:
+            raise InvalidState(
+                f"write_batch before pre_commit({epoch.number})",
+                f"epoch {epoch.number} pre-committed",
+            )
+        name = f"part-{len(epoch.parts):06d}.arrow"
+        staging = _epoch_directory(settings.directory, _STAGING, epoch.number)
+        (staging / name).write_bytes(arrow_file_bytes(batch))
+        epoch.parts.append(name)
+        epoch.records += batch.num_rows
+        self._records_total += batch.num_rows
+        self._bytes_total += batch.nbytes
+        return WriteResult(batch.num_rows, batch.nbytes)
+
+    async def pre_commit(self, epoch: int) -> None:
+        """Make the staged batches durable and mark the epoch pre-committed; still invisible.
+
+        :raises InvalidState: when ``epoch`` is not the epoch open on this instance.
+        """
+        settings = self._lifecycle.require("pre_commit")
+        current = self._current("pre_commit", epoch)
+        if current.phase is not _Phase.WRITING:
+            return
+        staging = _epoch_directory(settings.directory, _STAGING, epoch)
+        for part in current.parts:
+            fsync_path(staging / part)
+        manifest = {"epoch": epoch, "parts": current.parts, "records": current.records}
+        write_file_atomically(staging / _MANIFEST, json.dumps(manifest).encode())
+        current.phase = _Phase.PRE_COMMITTED
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """Publish pre-committed ``epoch`` atomically; nothing happens if it is committed.
+
+        Any instance may commit an epoch another instance (or process) pre-committed.
+
+        :raises InvalidState: when ``epoch`` is neither committed nor pre-committed (on this
+            instance: begun but not pre-committed).
+        """
+        settings = self._lifecycle.require("commit_epoch")
+        current = self._epoch if self._epoch and self._epoch.number == epoch else None
+        if current is not None and current.phase is _Phase.WRITING:
+            raise InvalidState(
+                f"pre_commit({epoch}) before commit_epoch({epoch})",
+                f"epoch {epoch} not pre-committed",
+            )
+        committed = _epoch_directory(settings.directory, _COMMITTED, epoch)
+        if not committed.exists():
+            staging = _epoch_directory(settings.directory, _STAGING, epoch)
+            if not (staging / _MANIFEST).exists():
+                raise InvalidState(
+                    f"epoch {epoch} pre-committed in {settings.directory}",
+                    f"epoch {epoch} was never pre-committed there, or was rolled back",
+                )
+            staging.rename(committed)
+            fsync_path(committed.parent)
+            fsync_path(staging.parent)
+            self._epochs_committed += 1
+        if current is not None:
+            self._epoch = None
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """Delete ``epoch``'s staged data, if any; a committed epoch is left as it is."""
+        settings = self._lifecycle.require("rollback_epoch")
+        _discard_staging(settings.directory, epoch)
+        if self._epoch is not None and self._epoch.number == epoch:
+            self._epoch = None
+
+    def metrics(self) -> ConnectorMetrics:
+        """Records and Arrow bytes staged by this instance, and epoch counts.
+
+        ``custom`` holds ``epochs_committed`` (epochs this instance published) and
+        ``epochs_skipped`` (epochs it recognised as committed before and skipped).
+        """
+        return ConnectorMetrics(
+            records_total=self._records_total,
+            bytes_total=self._bytes_total,
+            custom={
+                "epochs_committed": float(self._epochs_committed),
+                "epochs_skipped": float(self._epochs_skipped),
+            },
+        )
+
+    async def close(self) -> None:
+        """Stop, abandoning an open epoch.
+
+        A pre-committed epoch stays committable by another instance; any other is discarded
+        by the next attempt at it.
+        """
+        self._epoch = None
+        self._lifecycle.close()
+
+
+def _committed_batches(directory: Path) -> list[pa.RecordBatch]:
+    batches = []
+    for _, epoch_directory in _numbered(directory / _COMMITTED, _EPOCH):
+        manifest = json.loads((epoch_directory / _MANIFEST).read_bytes())
+        batches += [read_arrow_file(epoch_directory / part) for part in manifest["parts"]]
+    return batches
