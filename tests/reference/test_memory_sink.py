@@ -401,5 +401,5 @@ class SinkProtocol(RuleBasedStateMachine):
         assert MemorySink.committed_ids(self.path) == expected
 
 
-SinkProtocol.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+SinkProtocol.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 test_sink_protocol = SinkProtocol.TestCase
