@@ -1,0 +1,36 @@
+"""External systems for conformance tests: start them, or find the ones already running.
+
+Each service is chosen the same way: an address from an environment variable wins (an existing
+cluster); otherwise a container where a Docker engine answers; otherwise a process this
+package starts on loopback from the system's own published artifacts.
+"""
+
+from __future__ import annotations
+
+from laminar_conformance.services._kafka import (
+    KAFKA_BOOTSTRAP_VARIABLE,
+    KAFKA_VERSION,
+    KafkaService,
+    LocalKafka,
+    ServiceProvider,
+    choose_kafka_provider,
+    docker_engine_available,
+    kafka_service,
+)
+from laminar_conformance.services._moto_s3 import S3Endpoint, moto_s3_server
+from laminar_conformance.services._process import ServiceError, die_with_parent
+
+__all__ = [
+    "KAFKA_BOOTSTRAP_VARIABLE",
+    "KAFKA_VERSION",
+    "KafkaService",
+    "LocalKafka",
+    "S3Endpoint",
+    "ServiceError",
+    "ServiceProvider",
+    "choose_kafka_provider",
+    "die_with_parent",
+    "docker_engine_available",
+    "kafka_service",
+    "moto_s3_server",
+]

@@ -1,0 +1,381 @@
+"""A real Apache Kafka broker for tests: an existing cluster, a container, or a local process.
+
+The local launcher resolves Apache Kafka's own jars from Maven Central with ``mvn`` into a cache
+directory (once), formats a KRaft log directory and starts one combined broker/controller node
+with ``java`` on free loopback ports. The broker dies with the process that started it, even if
+that process is killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import enum
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from laminar_conformance.services._process import ServiceError, die_with_parent
+
+KAFKA_VERSION = "4.1.1"
+"""The Apache Kafka release the local launcher runs."""
+
+KAFKA_BOOTSTRAP_VARIABLE = "LAMINAR_KAFKA_BOOTSTRAP"
+"""Set to ``host:port[,host:port]`` to test against an existing cluster instead."""
+
+CACHE_VARIABLE = "LAMINAR_CACHE_DIR"
+"""Where downloaded jars are kept (default ``~/.cache/laminar``)."""
+
+_SLF4J_VERSION = "1.7.36"  # the SLF4J API version Kafka's jars are built against
+_STARTED_MARKER = "Kafka Server started"
+
+
+class ServiceProvider(enum.Enum):
+    """Where a service comes from."""
+
+    EXTERNAL = "external"
+    CONTAINER = "container"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaService:
+    """A running Kafka cluster: where to connect and where it came from."""
+
+    bootstrap_servers: str
+    provider: ServiceProvider
+
+
+def docker_engine_available() -> bool:
+    """Whether a Docker engine answers (not merely whether a ``docker`` client is installed)."""
+    try:
+        import docker  # noqa: PLC0415 - optional, only with testcontainers
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=3)
+        client.ping()
+    except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine"
+        return False
+    return True
+
+
+def choose_kafka_provider(
+    environ: Mapping[str, str], docker_available: Callable[[], bool]
+) -> ServiceProvider:
+    """Decide where the Kafka for a test run comes from.
+
+    ``LAMINAR_KAFKA_BOOTSTRAP`` names an existing cluster and wins; else a testcontainers
+    ``KafkaContainer`` when a Docker engine answers; else the local launcher.
+    """
+    if environ.get(KAFKA_BOOTSTRAP_VARIABLE, "").strip():
+        return ServiceProvider.EXTERNAL
+    if docker_available():
+        return ServiceProvider.CONTAINER
+    return ServiceProvider.LOCAL
+
+
+@contextlib.contextmanager
+def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaService]:
+    """Provide a Kafka cluster for the duration of the block, and clean up after it."""
+    env = os.environ if environ is None else environ
+    provider = choose_kafka_provider(env, docker_engine_available)
+    if provider is ServiceProvider.EXTERNAL:
+        yield KafkaService(env[KAFKA_BOOTSTRAP_VARIABLE].strip(), provider)
+    elif provider is ServiceProvider.CONTAINER:
+        from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
+
+        with KafkaContainer() as container:
+            yield KafkaService(container.get_bootstrap_server(), provider)
+    else:
+        with LocalKafka() as broker:
+            yield KafkaService(broker.bootstrap_servers, provider)
+
+
+def _cache_root() -> Path:
+    configured = os.environ.get(CACHE_VARIABLE)
+    return Path(configured) if configured else Path.home() / ".cache" / "laminar"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    candidate = Path(java_home, "bin", "java") if java_home else None
+    if candidate is not None and candidate.exists():
+        return str(candidate)
+    found = shutil.which("java")
+    if found is None:
+        raise ServiceError(
+            "cannot start Kafka: no `java` on PATH and JAVA_HOME is not set; install Java 17 "
+            f"or point {KAFKA_BOOTSTRAP_VARIABLE} at an existing cluster"
+        )
+    return found
+
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dev.laminar.test</groupId>
+  <artifactId>kafka-broker</artifactId>
+  <version>1</version>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId>
+      <version>{slf4j}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -> Path:
+    """Return a directory holding Apache Kafka ``version``'s jars, resolving them if needed.
+
+    Resolution runs ``mvn dependency:copy-dependencies`` once per version into the cache
+    directory; later calls return at once. Concurrent callers wait for one another.
+
+    :raises ServiceError: when Maven is missing or fails, with its output.
+    """
+    root = _cache_root() / "kafka" / version
+    libs = root / "libs"
+    done = root / ".complete"
+    if done.exists():
+        return libs
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return libs
+        mvn = shutil.which("mvn")
+        if mvn is None:
+            raise ServiceError(
+                "cannot resolve Kafka's jars: no `mvn` on PATH; install Maven, or point "
+                f"{KAFKA_BOOTSTRAP_VARIABLE} at an existing cluster"
+            )
+        (root / "pom.xml").write_text(_POM.format(kafka=version, slf4j=_SLF4J_VERSION))
+        if progress:
+            print(
+                f"laminar: resolving Apache Kafka {version} jars with Maven into {libs} "
+                "(first run only)...",
+                file=sys.stderr,
+                flush=True,
+            )
+        shutil.rmtree(libs, ignore_errors=True)
+        result = subprocess.run(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "dependency:copy-dependencies",
+                f"-DoutputDirectory={libs}",
+                "-DincludeScope=runtime",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServiceError(
+                f"mvn failed to resolve Apache Kafka {version} (exit {result.returncode}):\n"
+                f"{(result.stdout + result.stderr)[-2000:]}"
+            )
+        done.touch()
+    return libs
+
+
+class LocalKafka:
+    """One KRaft Kafka node (broker and controller) on free loopback ports.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop`. :meth:`restart` stops and
+    starts the same node on the same ports and data, as a broker crash and recovery would.
+
+    :param version: the Apache Kafka release to run.
+    :param workdir: where the log directory and broker log go (default: a temporary directory,
+        removed on :meth:`stop`).
+    :param start_timeout_s: how long :meth:`start` waits for the broker to be ready.
+    """
+
+    def __init__(
+        self,
+        *,
+        version: str = KAFKA_VERSION,
+        workdir: Path | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self._version = version
+        self._owns_workdir = workdir is None
+        self._workdir = workdir or Path(tempfile.mkdtemp(prefix="laminar-kafka-"))
+        self._timeout = start_timeout_s
+        self._port = _free_port()
+        self._controller_port = _free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._formatted = False
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``127.0.0.1:PORT`` of the broker."""
+        return f"127.0.0.1:{self._port}"
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's own log, for diagnosing a failure."""
+        return self._workdir / "broker.log"
+
+    def _properties(self) -> Path:
+        data = self._workdir / "data"
+        path = self._workdir / "server.properties"
+        path.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@127.0.0.1:{self._controller_port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self._port},"
+                    f"CONTROLLER://127.0.0.1:{self._controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self._port}",
+                    "controller.listener.names=CONTROLLER",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    f"log.dirs={data}",
+                    "num.partitions=1",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=4",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "transaction.state.log.num.partitions=4",
+                    "group.initial.rebalance.delay.ms=0",
+                    "auto.create.topics.enable=false",
+                    "",
+                ]
+            )
+        )
+        return path
+
+    def _java_command(self, libs: Path, main_class: str, *args: str) -> list[str]:
+        return [_java(), "-Xmx768m", "-XX:+UseSerialGC", "-cp", f"{libs}/*", main_class, *args]
+
+    def start(self) -> str:
+        """Start the broker and wait until it accepts clients; return its bootstrap address.
+
+        :raises ServiceError: when it does not start in time, with the end of its log.
+        """
+        if self._process is not None:
+            return self.bootstrap_servers
+        libs = resolve_kafka_jars(self._version)
+        properties = self._properties()
+        if not self._formatted:
+            subprocess.run(
+                self._java_command(
+                    libs,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--cluster-id",
+                    _cluster_id(),
+                    "--config",
+                    str(properties),
+                ),
+                capture_output=True,
+                check=True,
+            )
+            self._formatted = True
+        log = self.log_path.open("ab")
+        started_from = log.tell()
+        self._process = subprocess.Popen(
+            self._java_command(libs, "kafka.Kafka", str(properties)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, safe after fork
+        )
+        log.close()
+        self._wait_until_started(started_from)
+        return self.bootstrap_servers
+
+    def _wait_until_started(self, log_offset: int) -> None:
+        assert self._process is not None
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                tail = self._log_tail()
+                self._process = None
+                raise ServiceError(f"Kafka exited while starting; its log ends:\n{tail}")
+            with self.log_path.open("rb") as log:
+                log.seek(log_offset)
+                started = _STARTED_MARKER.encode() in log.read()
+            if started:
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", self._port), timeout=1),
+                ):
+                    return
+            time.sleep(0.2)
+        self.stop()
+        raise ServiceError(
+            f"Kafka did not start within {self._timeout:.0f}s; its log ends:\n{self._log_tail()}"
+        )
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, *, graceful: bool = True) -> None:
+        """Stop the broker: SIGTERM and wait (or SIGKILL at once when not ``graceful``)."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def restart(self, *, graceful: bool = True) -> None:
+        """Stop and start the same node: same ports, same data."""
+        self.stop(graceful=graceful)
+        self.start()
+
+    def close(self) -> None:
+        """Stop the broker and remove a temporary work directory."""
+        self.stop()
+        if self._owns_workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalKafka:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _cluster_id() -> str:
+    # Kafka cluster ids are 16 random bytes, URL-safe base64 without padding (22 characters).
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")

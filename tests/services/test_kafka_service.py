@@ -1,0 +1,122 @@
+"""The Kafka test service: provider selection, and a real broker started from Kafka's jars."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from laminar_conformance.services import (
+    KAFKA_BOOTSTRAP_VARIABLE,
+    LocalKafka,
+    ServiceError,
+    ServiceProvider,
+    choose_kafka_provider,
+)
+
+
+def no_docker() -> bool:
+    return False
+
+
+def docker() -> bool:
+    return True
+
+
+def test_an_existing_cluster_named_in_the_environment_wins():
+    environ = {KAFKA_BOOTSTRAP_VARIABLE: "kafka-1:9092,kafka-2:9092"}
+    assert choose_kafka_provider(environ, docker) is ServiceProvider.EXTERNAL
+    assert choose_kafka_provider(environ, no_docker) is ServiceProvider.EXTERNAL
+
+
+def test_a_container_when_a_docker_engine_answers():
+    assert choose_kafka_provider({}, docker) is ServiceProvider.CONTAINER
+    assert (
+        choose_kafka_provider({KAFKA_BOOTSTRAP_VARIABLE: "  "}, docker) is ServiceProvider.CONTAINER
+    )
+
+
+def test_the_local_launcher_otherwise():
+    assert choose_kafka_provider({}, no_docker) is ServiceProvider.LOCAL
+
+
+def test_missing_java_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    broker = LocalKafka(workdir=tmp_path)
+    with pytest.raises(ServiceError, match="no `java` on PATH.*install Java 17"):
+        broker.start()
+
+
+def produce_and_count(bootstrap: str, topic: str, *, produce: int) -> int:
+    if produce:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        for i in range(produce):
+            producer.produce(topic, value=str(i).encode())
+        assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"count-{time.time()}",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.subscribe([topic])
+    seen = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        message = consumer.poll(1)
+        if message is not None and message.error() is None:
+            seen += 1
+        elif seen:
+            break
+    consumer.close()
+    return seen
+
+
+@pytest.mark.slow
+def test_local_broker_serves_clients_survives_a_restart_and_leaves_nothing_behind(tmp_path):
+    broker = LocalKafka(workdir=tmp_path)
+    with broker:
+        assert produce_and_count(broker.bootstrap_servers, "events", produce=25) == 25
+        broker.restart(graceful=False)
+        assert produce_and_count(broker.bootstrap_servers, "events", produce=0) == 25, (
+            "acknowledged records must survive a broker crash"
+        )
+        pid = broker._process.pid  # checking the process is really gone
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_broker_dies_with_the_process_that_started_it(tmp_path):
+    script = (
+        "import sys, time\n"
+        "from laminar_conformance.services import LocalKafka\n"
+        "broker = LocalKafka()\n"
+        "broker.start()\n"
+        "print(broker._process.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
+    ) as starter:
+        broker_pid = int(starter.stdout.readline())
+        os.kill(broker_pid, 0)  # running
+        starter.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(broker_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(broker_pid, signal.SIGKILL)
+    pytest.fail("the broker outlived the killed test process")
