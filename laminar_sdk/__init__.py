@@ -6,6 +6,37 @@ The public API is what this module exports; everything in ``_``-prefixed modules
 from __future__ import annotations
 
 from laminar_sdk._checkpoint import SourceCheckpoint
+from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.errors import (
+    CheckpointConflict,
+    CheckpointCorrupted,
+    CheckpointNotFound,
+    CheckpointStoreError,
+    UnsupportedManifestVersion,
+)
+from laminar_sdk._checkpointing.file_store import FileCheckpointer
+from laminar_sdk._checkpointing.ids import CheckpointId
+from laminar_sdk._checkpointing.manifest import (
+    MANIFEST_VERSION,
+    CheckpointManifest,
+    PartitionSnapshotEntry,
+    SinkEpochStatus,
+)
+from laminar_sdk._checkpointing.memory_store import MemoryCheckpointer
+from laminar_sdk._checkpointing.recovery import (
+    RecoveredCheckpoint,
+    load_checkpoint,
+    load_latest_valid,
+    verify_checkpoint,
+)
+from laminar_sdk._checkpointing.registry import (
+    CHECKPOINTER_ENTRY_POINT_GROUP,
+    CheckpointerFactory,
+    installed_checkpointers,
+    open_checkpointer,
+    store_for_location,
+)
+from laminar_sdk._checkpointing.retention import PruneResult, prune_checkpoints
 from laminar_sdk._config import REDACTED, ConfigKeySpec, ConnectorConfig, parse_bool
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
@@ -61,10 +92,20 @@ from laminar_sdk._types import (
 
 __all__ = [
     "ALLOWLIST_VARIABLE",
+    "CHECKPOINTER_ENTRY_POINT_GROUP",
     "DENYLIST_VARIABLE",
+    "MANIFEST_VERSION",
     "PLUGIN_ENTRY_POINT_GROUP",
     "REDACTED",
+    "CheckpointConflict",
+    "CheckpointCorrupted",
     "CheckpointError",
+    "CheckpointId",
+    "CheckpointManifest",
+    "CheckpointNotFound",
+    "CheckpointStoreError",
+    "Checkpointer",
+    "CheckpointerFactory",
     "Closed",
     "ConfigKeySpec",
     "ConfigurationError",
@@ -79,6 +120,7 @@ __all__ = [
     "DeliveryGuarantee",
     "DeliveryGuaranteeWarning",
     "EvolutionVerdict",
+    "FileCheckpointer",
     "HealthState",
     "HealthStatus",
     "InferenceConfig",
@@ -86,9 +128,13 @@ __all__ = [
     "Internal",
     "InvalidState",
     "LaminarError",
+    "MemoryCheckpointer",
     "PartitionInfo",
+    "PartitionSnapshotEntry",
     "PluginError",
+    "PruneResult",
     "ReadError",
+    "RecoveredCheckpoint",
     "RegisteredSchema",
     "SchemaChange",
     "SchemaChangeKind",
@@ -100,17 +146,26 @@ __all__ = [
     "SerdeError",
     "SinkConnector",
     "SinkConnectorCapabilities",
+    "SinkEpochStatus",
     "SourceBatch",
     "SourceCheckpoint",
     "SourceConnector",
     "Timeout",
     "TransactionError",
+    "UnsupportedManifestVersion",
     "WriteError",
     "WriteResult",
     "hookimpl",
     "hookspec",
+    "installed_checkpointers",
+    "load_checkpoint",
     "load_connector_registry",
+    "load_latest_valid",
     "load_plugins",
+    "open_checkpointer",
     "parse_bool",
+    "prune_checkpoints",
+    "store_for_location",
     "validate_delivery_guarantee",
+    "verify_checkpoint",
 ]

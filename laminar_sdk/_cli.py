@@ -7,10 +7,12 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from laminar_sdk._cli_checkpoints import add_checkpoint_commands
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._errors import LaminarError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
+from laminar_sdk._terminal import format_table
 
 
 def _capabilities(spec: ConnectorSpec) -> str:
@@ -23,14 +25,6 @@ def _capabilities(spec: ConnectorSpec) -> str:
     return ",".join(names) or "-"
 
 
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
 def _plugins_list(_args: argparse.Namespace) -> int:
     registry = load_connector_registry()
     if not len(registry):
@@ -41,7 +35,7 @@ def _plugins_list(_args: argparse.Namespace) -> int:
         (spec.name, str(spec.role), spec.distribution, spec.version, _capabilities(spec))
         for spec in registry
     ]
-    print(_table(rows))
+    print(format_table(rows))
     return 0
 
 
@@ -66,7 +60,7 @@ def _plugins_show(args: argparse.Namespace) -> int:
         default = "" if key.default is None else key.default
         rows.append((key.name, key.value_type.__name__, marks, default, description))
     print("  config keys:")
-    print("\n".join(f"    {line}" for line in _table(rows).splitlines()))
+    print("\n".join(f"    {line}" for line in format_table(rows).splitlines()))
     return 0
 
 
@@ -88,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name", help="connector name, as in `laminar plugins list`")
     show.add_argument("--role", choices=[r.value for r in ConnectorRole])
     show.set_defaults(handler=_plugins_show)
+
+    add_checkpoint_commands(commands)
     return parser
 
 

@@ -42,17 +42,17 @@ def _selected(
     deny = _names(environ.get(DENYLIST_VARIABLE)) or frozenset()
     chosen = []
     for entry_point in entry_points:
-        distribution = _distribution_of(entry_point)[0]
+        distribution = distribution_of(entry_point)[0]
         names = {_canonical(entry_point.name), _canonical(distribution)}
         if names & deny:
             continue
         if allow is not None and distribution != SDK_DISTRIBUTION and not names & allow:
             continue
         chosen.append(entry_point)
-    return sorted(chosen, key=lambda ep: (_distribution_of(ep)[0], ep.name))
+    return sorted(chosen, key=lambda ep: (distribution_of(ep)[0], ep.name))
 
 
-def _distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
+def distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
     dist = entry_point.dist
     if dist is None:
         return "<unknown distribution>", ""
@@ -130,7 +130,7 @@ def load_plugins(
     manager.add_hookspecs(_hookspecs)
     origins: dict[str, tuple[str, str]] = {}
     for entry_point in _selected(entry_points, os.environ if environ is None else environ):
-        distribution, version = _distribution_of(entry_point)
+        distribution, version = distribution_of(entry_point)
         if manager.has_plugin(entry_point.name):
             previous = origins[entry_point.name][0]
             raise PluginError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Coroutine, Iterator, Mapping
@@ -11,6 +12,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import settings
+
+# `dev` explores; `ci` is derandomized so a CI failure reproduces on any machine.
+settings.register_profile("dev", max_examples=100)
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 T = TypeVar("T")
 

@@ -42,14 +42,13 @@ from laminar_sdk import (
     SourceConnector,
     WriteResult,
 )
-from laminar_sdk.reference._files import (
-    arrow_file_bytes,
+from laminar_sdk._durable import (
     create_file_atomically,
     fsync_path,
     make_dirs,
-    read_arrow_file,
     write_file_atomically,
 )
+from laminar_sdk.reference._files import arrow_file_bytes, read_arrow_file
 from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._offsets import NEXT_PARTITION, next_partition_in, offsets_in
 from laminar_sdk.reference._schemas import (

@@ -1,0 +1,244 @@
+"""The checkpoint protocol over a store of named blobs, shared by the built-in backends.
+
+A backend supplies five primitives (read with a version, write, conditional write, list,
+delete); :class:`BlobCheckpointer` builds the :class:`Checkpointer` promises on them: manifests
+created without overwriting, sink-status updates as compare-and-swap, a latest pointer that
+never moves backwards, and sha256 checks on load.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+
+from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.errors import (
+    CheckpointConflict,
+    CheckpointCorrupted,
+    CheckpointNotFound,
+)
+from laminar_sdk._checkpointing.ids import (
+    CheckpointId,
+    checkpoint_of,
+    parse_artifact_path,
+    validate_stored_path,
+)
+from laminar_sdk._checkpointing.manifest import CheckpointManifest, sha256_hex
+from laminar_sdk._errors import CheckpointError
+
+logger = logging.getLogger("laminar_sdk.checkpoint")
+
+# Compare-and-swap retries before a write gives up: each retry means another writer
+# succeeded meanwhile, so running out means a pathological number of racing writers.
+_MAX_ATTEMPTS = 64
+
+
+class PreconditionFailed(Exception):
+    """A conditional write found a different version than expected."""
+
+
+class BlobCheckpointer(Checkpointer):
+    """A :class:`Checkpointer` over blobs addressed by ``/``-separated paths.
+
+    Subclasses implement the ``_read``, ``_write``, ``_write_if``, ``_list`` and ``_delete``
+    primitives. A *version* is whatever the backend uses to recognise one stored content of
+    a path (a generation counter, an etag, an inode); only the backend reads it.
+    """
+
+    @abstractmethod
+    async def _read(self, path: str) -> tuple[bytes, object]:
+        """The content of ``path`` and its version.
+
+        :raises CheckpointNotFound: when nothing is stored at ``path``.
+        """
+
+    @abstractmethod
+    async def _write(self, path: str, data: bytes) -> None:
+        """Store ``data`` at ``path`` durably and atomically, replacing what is there."""
+
+    @abstractmethod
+    async def _write_if(self, path: str, data: bytes, expected: object | None) -> None:
+        """Like :meth:`_write`, only if ``path`` holds version ``expected`` (``None``: nothing).
+
+        :raises PreconditionFailed: otherwise; nothing is written then.
+        """
+
+    @abstractmethod
+    async def _list(self) -> list[str]:
+        """Every stored path, in any order."""
+
+    @abstractmethod
+    async def _delete(self, path: str) -> None:
+        """Remove ``path``; a missing path is not an error."""
+
+    # Manifests ----------------------------------------------------------------------------
+
+    async def save_manifest(self, manifest: CheckpointManifest) -> None:
+        path = self.manifest_path(manifest.checkpoint_id)
+        data = manifest.to_json()
+        for _ in range(_MAX_ATTEMPTS):
+            try:
+                await self._write_if(path, data, None)
+            except PreconditionFailed:
+                pass
+            else:
+                return
+            try:
+                stored_data, version = await self._read(path)
+            except CheckpointNotFound:
+                continue  # deleted meanwhile: create it again
+            if stored_data == data:
+                return
+            stored = CheckpointManifest.from_json(stored_data, path=path)
+            if not manifest.is_update_of(stored):
+                raise CheckpointConflict(
+                    f"checkpoint {manifest.checkpoint_id} at {self.location} already has a "
+                    f"different manifest ({path}); a stored manifest may only move its sinks "
+                    "forward. Another writer uses the same checkpoint id, or this writer is "
+                    "stale: start a new checkpoint with a new id",
+                    path=path,
+                )
+            try:
+                await self._write_if(path, data, version)
+            except PreconditionFailed:
+                continue
+            return
+        raise self._gave_up(path)
+
+    async def load_manifest(self, checkpoint_id: CheckpointId) -> CheckpointManifest:
+        path = self.manifest_path(checkpoint_id)
+        data, _ = await self._read(path)
+        manifest = CheckpointManifest.from_json(data, path=path)
+        if manifest.checkpoint_id != checkpoint_id:
+            raise CheckpointCorrupted(
+                f"manifest {path} at {self.location} belongs to checkpoint "
+                f"{manifest.checkpoint_id}, not {checkpoint_id}: it was copied or moved; "
+                "do not load this checkpoint",
+                path=path,
+            )
+        return manifest
+
+    # Artifacts ----------------------------------------------------------------------------
+
+    async def save_snapshot(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: bytes
+    ) -> str:
+        return await self._save_artifact(
+            self.artifact_path(checkpoint_id, operator, partition, delta=False), data
+        )
+
+    async def save_delta(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: bytes
+    ) -> str:
+        return await self._save_artifact(
+            self.artifact_path(checkpoint_id, operator, partition, delta=True), data
+        )
+
+    async def _save_artifact(self, path: str, data: bytes) -> str:
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise CheckpointError(f"artifact {path}: data must be bytes, got {type(data).__name__}")
+        content = bytes(data)
+        await self._write(path, content)
+        return sha256_hex(content)
+
+    async def load_artifact(self, path: str, *, sha256: str | None = None) -> bytes:
+        parse_artifact_path(path)
+        data, _ = await self._read(path)
+        if sha256 is not None and (actual := sha256_hex(data)) != sha256:
+            raise CheckpointCorrupted(
+                f"artifact {path} at {self.location} fails its sha256 check (manifest says "
+                f"{sha256}, the {len(data)} stored bytes hash to {actual}): it is truncated or "
+                "corrupted; recover from an older checkpoint (load_latest_valid)",
+                path=path,
+            )
+        return data
+
+    async def list_artifacts(self) -> list[str]:
+        return sorted(
+            path
+            for path in await self._list()
+            if (owner := checkpoint_of(path)) is not None and path != self.manifest_path(owner)
+        )
+
+    async def delete_artifact(self, path: str) -> None:
+        owner = checkpoint_of(validate_stored_path(path))
+        if owner is not None and path == self.manifest_path(owner):
+            raise CheckpointError(
+                f"{path} is a manifest, not an artifact: delete the checkpoint with "
+                "delete_checkpoint instead"
+            )
+        await self._delete(path)
+
+    # The latest pointer -------------------------------------------------------------------
+
+    async def update_latest(self, checkpoint_id: CheckpointId) -> bool:
+        # The pointer may only name a checkpoint whose manifest is stored and readable.
+        await self.load_manifest(checkpoint_id)
+        path = self.latest_path()
+        for _ in range(_MAX_ATTEMPTS):
+            version: object | None
+            try:
+                data, version = await self._read(path)
+            except CheckpointNotFound:
+                version = None
+            else:
+                try:
+                    current = self._decode_latest(data)
+                except CheckpointCorrupted as error:
+                    logger.warning("replacing an unreadable latest pointer: %s", error)
+                else:
+                    if current >= checkpoint_id:
+                        return False
+            try:
+                await self._write_if(path, str(checkpoint_id).encode(), version)
+            except PreconditionFailed:
+                continue  # another writer moved it: compare again
+            return True
+        raise self._gave_up(path)
+
+    async def read_latest(self) -> CheckpointId | None:
+        try:
+            data, _ = await self._read(self.latest_path())
+        except CheckpointNotFound:
+            return None
+        return self._decode_latest(data)
+
+    def _decode_latest(self, data: bytes) -> CheckpointId:
+        path = self.latest_path()
+        try:
+            return CheckpointId.parse(data.decode("ascii"))
+        except (UnicodeDecodeError, CheckpointError) as error:
+            raise CheckpointCorrupted(
+                f"latest pointer {path} at {self.location} is corrupted ({len(data)} bytes that "
+                "are not a checkpoint id); recovery falls back to the newest valid checkpoint "
+                "(load_latest_valid), and the next update_latest rewrites it",
+                path=path,
+            ) from error
+
+    # Listing and deleting -----------------------------------------------------------------
+
+    async def list_checkpoints(self) -> list[CheckpointId]:
+        return sorted(
+            owner
+            for path in await self._list()
+            if (owner := checkpoint_of(path)) is not None and path == self.manifest_path(owner)
+        )
+
+    async def delete_checkpoint(self, checkpoint_id: CheckpointId) -> None:
+        manifest = self.manifest_path(checkpoint_id)
+        paths = sorted(path for path in await self._list() if checkpoint_of(path) == checkpoint_id)
+        # The manifest goes first: a crash part-way leaves orphaned artifacts, which retention
+        # removes, never a manifest that lists missing artifacts.
+        if manifest in paths:
+            await self._delete(manifest)
+        for path in paths:
+            if path != manifest:
+                await self._delete(path)
+
+    def _gave_up(self, path: str) -> CheckpointConflict:
+        return CheckpointConflict(
+            f"{path} at {self.location} changed under {_MAX_ATTEMPTS} consecutive attempts to "
+            "update it: too many writers race on this location; give each pipeline its own "
+            "checkpoint location",
+            path=path,
+        )

@@ -1,0 +1,220 @@
+"""``laminar checkpoints list|show|verify``: look into a checkpoint store from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.errors import CheckpointStoreError
+from laminar_sdk._checkpointing.ids import CheckpointId
+from laminar_sdk._checkpointing.manifest import CheckpointManifest
+from laminar_sdk._checkpointing.recovery import verify_checkpoint
+from laminar_sdk._checkpointing.registry import open_checkpointer
+from laminar_sdk._errors import CheckpointError
+from laminar_sdk._terminal import format_table
+
+
+def _option(text: str) -> tuple[str, str]:
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        # The text is not echoed: it may be a credential typed without its key.
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    return key, value
+
+
+def _open(args: argparse.Namespace) -> Checkpointer:
+    return open_checkpointer(args.location, store=args.store, options=dict(args.option or ()))
+
+
+def _handler(
+    command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
+    def handle(args: argparse.Namespace) -> int:
+        return asyncio.run(command(args))
+
+    return handle
+
+
+def _taken(manifest: CheckpointManifest) -> str:
+    moment = dt.datetime.fromtimestamp(manifest.timestamp_ms / 1000, tz=dt.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    scaled = size / 1024
+    for unit in ("KiB", "MiB"):
+        if scaled < 1024:
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
+    return f"{scaled:.1f} GiB"
+
+
+def _sinks(manifest: CheckpointManifest) -> str:
+    return ",".join(f"{sink}={status}" for sink, status in manifest.sink_statuses.items()) or "-"
+
+
+async def _latest_or_problem(
+    store: Checkpointer,
+) -> tuple[CheckpointId | None, CheckpointError | None]:
+    try:
+        return await store.read_latest(), None
+    except CheckpointError as error:
+        return None, error
+
+
+async def _checkpoints_list(args: argparse.Namespace) -> int:
+    store = _open(args)
+    ids = await store.list_checkpoints()
+    latest, problem = await _latest_or_problem(store)
+    if problem is not None:
+        print(f"warning: {problem}")
+    if not ids:
+        print(f"no checkpoints at {store.location}")
+        return 0
+    rows = [("CHECKPOINT", "EPOCH", "TAKEN (UTC)", "SIZE", "SINKS", "")]
+    for checkpoint_id in reversed(ids):
+        mark = "latest" if checkpoint_id == latest else ""
+        try:
+            manifest = await store.load_manifest(checkpoint_id)
+        except CheckpointError as error:
+            unreadable = f"unreadable manifest ({type(error).__name__})"
+            rows.append((str(checkpoint_id), "?", "?", "?", unreadable, mark))
+            continue
+        rows.append(
+            (
+                str(checkpoint_id),
+                str(manifest.epoch),
+                _taken(manifest),
+                _size(manifest.total_size_bytes),
+                _sinks(manifest),
+                mark,
+            )
+        )
+    print(f"{len(ids)} checkpoint(s) at {store.location}, newest first:")
+    print(format_table(rows))
+    return 0
+
+
+async def _checkpoints_show(args: argparse.Namespace) -> int:
+    store = _open(args)
+    if args.checkpoint:
+        checkpoint_id = CheckpointId.parse(args.checkpoint)
+    else:
+        latest = await store.read_latest()
+        if latest is None:
+            raise CheckpointError(
+                f"no latest checkpoint at {store.location}; name one from "
+                "`laminar checkpoints list LOCATION`"
+            )
+        checkpoint_id = latest
+    manifest = await store.load_manifest(checkpoint_id)
+    if args.json:
+        print(manifest.to_json().decode(), end="")
+        return 0
+    print(f"checkpoint {manifest.checkpoint_id} at {store.location}")
+    print(f"  epoch: {manifest.epoch}")
+    print(f"  taken: {_taken(manifest)} UTC")
+    print(f"  parent: {manifest.parent_id or '-'}")
+    print(f"  watermark: {'-' if manifest.watermark is None else manifest.watermark}")
+    print(f"  size: {_size(manifest.total_size_bytes)} ({manifest.total_size_bytes} bytes)")
+    print(f"  sinks: {_sinks(manifest)}")
+    print("  sources:" if manifest.source_offsets else "  sources: -")
+    for source, checkpoint in manifest.source_offsets.items():
+        print(f"    {source}: {checkpoint.to_json()}")
+    print("  operators:" if manifest.operators else "  operators: -")
+    rows = [("OPERATOR", "PARTITION", "KIND", "SIZE", "SHA256", "PATH")]
+    rows += [
+        (
+            operator,
+            str(entry.partition_id),
+            "delta" if entry.is_delta else "snapshot",
+            str(entry.size_bytes),
+            entry.sha256[:12],
+            entry.path,
+        )
+        for operator, entry in manifest.partitions()
+    ]
+    if manifest.operators:
+        print("\n".join(f"    {line}" for line in format_table(rows).splitlines()))
+    return 0
+
+
+async def _checkpoints_verify(args: argparse.Namespace) -> int:
+    store = _open(args)
+    ids = await store.list_checkpoints()
+    latest, pointer_problem = await _latest_or_problem(store)
+    print(f"verifying {len(ids)} checkpoint(s) at {store.location}")
+    bad_paths: list[str] = []
+    for number, checkpoint_id in enumerate(ids, start=1):
+        problems = await verify_checkpoint(store, checkpoint_id)
+        verdict = "ok" if not problems else f"BAD ({len(problems)} bad file(s))"
+        if latest is not None and checkpoint_id > latest:
+            verdict += " (not completed: newer than the latest pointer)"
+        print(f"[{number}/{len(ids)}] {checkpoint_id} {verdict}", flush=True)
+        for problem in problems:
+            print(f"    {problem}")
+            if isinstance(problem, CheckpointStoreError):
+                bad_paths.append(problem.path)
+    if pointer_problem is not None:
+        print(f"latest pointer: BAD: {pointer_problem}")
+        bad_paths.append(store.latest_path())
+    elif latest is None:
+        print("latest pointer: none (no checkpoint was completed)")
+    elif latest not in ids:
+        print(f"latest pointer: BAD: names {latest}, which has no manifest")
+        bad_paths.append(store.latest_path())
+    else:
+        print(f"latest pointer: {latest}")
+    if bad_paths:
+        print(f"FAILED: {len(bad_paths)} bad file(s) at {store.location}:")
+        for path in bad_paths:
+            print(f"  {path}")
+        print("recovery skips these (load_latest_valid); restore them from a backup if needed")
+        return 1
+    print(f"all {len(ids)} checkpoint(s) valid")
+    return 0
+
+
+def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``checkpoints list|show|verify`` to the ``laminar`` command's subcommands."""
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument(
+        "location", help="the checkpoint location: a directory, file://, memory://, s3://..."
+    )
+    where.add_argument(
+        "--store", help="the checkpoint store (default: chosen by the location's scheme)"
+    )
+    where.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        type=_option,
+        metavar="KEY=VALUE",
+        help="a store option, e.g. -o endpoint=http://127.0.0.1:9000 (repeatable)",
+    )
+    checkpoints = commands.add_parser(
+        "checkpoints", help="list, show and verify stored checkpoints"
+    )
+    checkpoint_commands = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
+    listing = checkpoint_commands.add_parser(
+        "list", parents=[where], help="every checkpoint, newest first, with the latest marked"
+    )
+    listing.set_defaults(handler=_handler(_checkpoints_list))
+    show = checkpoint_commands.add_parser(
+        "show", parents=[where], help="one checkpoint's manifest (default: the latest)"
+    )
+    show.add_argument("checkpoint", nargs="?", help="the checkpoint id (default: the latest)")
+    show.add_argument("--json", action="store_true", help="print the stored manifest JSON")
+    show.set_defaults(handler=_handler(_checkpoints_show))
+    verify = checkpoint_commands.add_parser(
+        "verify",
+        parents=[where],
+        help="check every manifest and artifact (sha256); exit 1 naming each bad file",
+    )
+    verify.set_defaults(handler=_handler(_checkpoints_verify))

@@ -1,0 +1,154 @@
+"""``laminar checkpoints list|show|verify``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from laminar_conformance.checkpointer import run, write_checkpoint
+from laminar_conformance.services import S3Endpoint
+
+from laminar_sdk import CheckpointManifest, FileCheckpointer, open_checkpointer
+from laminar_sdk._cli import main
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileCheckpointer:
+    return FileCheckpointer(str(tmp_path / "checkpoints"))
+
+
+@pytest.fixture
+def written(store: FileCheckpointer) -> list[CheckpointManifest]:
+    return [
+        run(write_checkpoint(store, 1)),
+        run(write_checkpoint(store, 2, delta={("agg", 1): b"delta"})),
+        run(write_checkpoint(store, 3, stop_after="manifest")),
+    ]
+
+
+def test_list(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "list", store.location]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"3 checkpoint(s) at {store.location}, newest first:"
+    ids = [str(m.checkpoint_id) for m in written]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert [line.split()[0] for line in lines[2:]] == ids[::-1]
+    assert rows[ids[1]][-1] == "latest"
+    assert rows[ids[1]][1] == "2"
+    assert "sink=committed" in rows[ids[1]]
+    assert "sink=pending" in rows[ids[2]]
+    assert rows[ids[2]][-1] != "latest"
+
+
+def test_list_empty_location(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoints", "list", str(tmp_path / "nothing")]) == 0
+    assert capsys.readouterr().out == f"no checkpoints at {tmp_path / 'nothing'}\n"
+    assert not (tmp_path / "nothing").exists()
+
+
+def test_show_defaults_to_the_latest(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "show", f"file://{store.location}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"checkpoint {written[1].checkpoint_id} at {store.location}\n")
+    assert "  epoch: 2\n" in out
+    assert "  sinks: sink=committed\n" in out
+    assert 'source: {"epoch":2,"metadata":{},"offsets":{"0":"20"}}' in out
+    assert f"{written[1].checkpoint_id}/operators/agg/partition-1.delta" in out
+
+
+def test_show_one_as_json(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint_id = str(written[0].checkpoint_id)
+    assert main(["checkpoints", "show", store.location, checkpoint_id, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["checkpoint_id"] == checkpoint_id
+    assert CheckpointManifest.from_json(out) == written[0]
+
+
+def test_show_errors(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "show", store.location, "../etc"]) == 2
+    assert "is not a checkpoint id" in capsys.readouterr().err
+    assert main(["checkpoints", "show", str(Path(store.location).parent / "empty")]) == 2
+    assert "no latest checkpoint" in capsys.readouterr().err
+
+
+def test_verify_passes_a_good_store(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "verify", store.location]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"verifying 3 checkpoint(s) at {store.location}"
+    assert out[1:4] == [
+        f"[1/3] {written[0].checkpoint_id} ok",
+        f"[2/3] {written[1].checkpoint_id} ok",
+        f"[3/3] {written[2].checkpoint_id} ok (not completed: newer than the latest pointer)",
+    ]
+    assert out[-2] == f"latest pointer: {written[1].checkpoint_id}"
+    assert out[-1] == "all 3 checkpoint(s) valid"
+
+
+@pytest.mark.parametrize("target", ["manifest", "artifact", "latest"])
+def test_verify_names_the_bad_file(
+    store: FileCheckpointer,
+    written: list[CheckpointManifest],
+    capsys: pytest.CaptureFixture[str],
+    target: str,
+) -> None:
+    bad = written[1]
+    path = {
+        "manifest": store.manifest_path(bad.checkpoint_id),
+        "artifact": sorted(bad.artifact_paths())[0],
+        "latest": store.latest_path(),
+    }[target]
+    file = store.root / path
+    file.write_bytes(file.read_bytes()[:-3])
+    assert main(["checkpoints", "verify", store.location]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[-3:-1] == [f"FAILED: 1 bad file(s) at {store.location}:", f"  {path}"]
+    if target != "latest":
+        assert f"[2/3] {bad.checkpoint_id} BAD (1 bad file(s))" in out
+
+
+def test_verify_reports_a_pointer_to_nowhere(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(store.delete_checkpoint(written[1].checkpoint_id))
+    assert main(["checkpoints", "verify", store.location]) == 1
+    assert f"names {written[1].checkpoint_id}, which has no manifest" in capsys.readouterr().out
+
+
+def test_unknown_store_lists_the_installed_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoints", "list", str(tmp_path), "--store", "nope"]) == 2
+    assert "installed: file, memory, object" in capsys.readouterr().err
+
+
+def test_option_syntax(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["checkpoints", "list", str(tmp_path), "-o", "hunter2"])
+    err = capsys.readouterr().err
+    assert "expected KEY=VALUE" in err
+    assert "hunter2" not in err
+
+
+def test_object_store_with_options(
+    s3_endpoint: S3Endpoint, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = s3_endpoint.location("cli")
+    options = s3_endpoint.checkpointer_options()
+    manifest = run(write_checkpoint(open_checkpointer(location, options=options), 1))
+    flags = [arg for key, value in options.items() for arg in ("-o", f"{key}={value}")]
+    assert main(["checkpoints", "verify", location, *flags]) == 0
+    out = capsys.readouterr().out
+    assert f"[1/1] {manifest.checkpoint_id} ok" in out
+    assert s3_endpoint.secret_access_key not in out
