@@ -39,6 +39,14 @@ from laminar_sdk._checkpointing.registry import (
 from laminar_sdk._checkpointing.retention import PruneResult, prune_checkpoints
 from laminar_sdk._config import REDACTED, ConfigKeySpec, ConnectorConfig, parse_bool
 from laminar_sdk._connector import SinkConnector, SourceConnector
+from laminar_sdk._coordinator import (
+    EpochCoordinator,
+    EpochResult,
+    ProtocolStep,
+    RetryPolicy,
+    SimulatedCrash,
+    StepObserver,
+)
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
 from laminar_sdk._errors import (
     CheckpointError,
@@ -59,6 +67,7 @@ from laminar_sdk._errors import (
     WriteError,
 )
 from laminar_sdk._hookspecs import hookimpl, hookspec
+from laminar_sdk._pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
 from laminar_sdk._plugins import (
     ALLOWLIST_VARIABLE,
     DENYLIST_VARIABLE,
@@ -114,11 +123,14 @@ __all__ = [
     "ConnectorError",
     "ConnectorIOError",
     "ConnectorMetrics",
+    "ConnectorRef",
     "ConnectorRegistry",
     "ConnectorRole",
     "ConnectorSpec",
     "DeliveryGuarantee",
     "DeliveryGuaranteeWarning",
+    "EpochCoordinator",
+    "EpochResult",
     "EvolutionVerdict",
     "FileCheckpointer",
     "HealthState",
@@ -131,11 +143,16 @@ __all__ = [
     "MemoryCheckpointer",
     "PartitionInfo",
     "PartitionSnapshotEntry",
+    "Pipeline",
+    "PipelineReport",
+    "PipelineSpec",
     "PluginError",
+    "ProtocolStep",
     "PruneResult",
     "ReadError",
     "RecoveredCheckpoint",
     "RegisteredSchema",
+    "RetryPolicy",
     "SchemaChange",
     "SchemaChangeKind",
     "SchemaEvolvable",
@@ -144,12 +161,14 @@ __all__ = [
     "SchemaProvider",
     "SchemaRegistryAware",
     "SerdeError",
+    "SimulatedCrash",
     "SinkConnector",
     "SinkConnectorCapabilities",
     "SinkEpochStatus",
     "SourceBatch",
     "SourceCheckpoint",
     "SourceConnector",
+    "StepObserver",
     "Timeout",
     "TransactionError",
     "UnsupportedManifestVersion",

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from laminar_sdk._registry import ConnectorRegistry
 
 PROJECT_NAME = "laminar_sdk"
@@ -33,4 +35,22 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 
     :param registry: the registry to add connectors to.
     :returns: nothing; registering through the registry is the whole effect.
+    """
+
+
+# Conformance testing -------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def laminar_conformance_context(connector: str, role: str, workdir: Path) -> object | None:
+    """Give the conformance kit a test context for one of this plugin's connectors.
+
+    Declared by the SDK (not by ``laminar-conformance``) so that a plugin implementing it
+    loads and works whether or not the kit is installed. The first non-``None`` result wins.
+
+    :param connector: the connector name the kit is testing.
+    :param role: ``"source"`` or ``"sink"``.
+    :param workdir: a fresh, empty directory the context may use.
+    :returns: a source or sink test context (see ``laminar_conformance``), or ``None`` when
+        this plugin does not provide ``connector`` in ``role``.
     """

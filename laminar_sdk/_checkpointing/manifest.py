@@ -62,9 +62,11 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 class SinkEpochStatus(StrEnum):
     """Where a sink stands on the epoch of a checkpoint.
 
-    A manifest is first stored with its exactly-once sinks ``PENDING`` (after their
-    ``pre_commit``); once a sink's ``commit_epoch`` returns it moves to ``COMMITTED``, or to
-    ``FAILED`` when the commit failed. Recovery rolls back every sink not ``COMMITTED``.
+    A manifest is first stored with its sinks ``PENDING`` (after their ``pre_commit``); once
+    the latest pointer names it, the commit is decided, and a sink moves to ``COMMITTED`` when
+    its ``commit_epoch`` returned. Recovery finishes the commit of every sink still
+    ``PENDING`` in the latest valid manifest, and rolls back the epoch after it. ``FAILED`` is
+    for a sink whose commit can never succeed and needs an operator.
     """
 
     PENDING = "pending"
