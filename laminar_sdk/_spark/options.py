@@ -1,0 +1,269 @@
+"""The options of ``format("laminar")``: which belong to the SDK, which to the connector.
+
+Spark hands a data source its options in a case-insensitive map whose keys arrive in lower
+case. The bridge splits them into:
+
+- ``connector`` — the registered connector name (required);
+- ``laminar.*`` — the SDK's own settings (:data:`SDK_OPTIONS`; an unknown one is an error);
+- Spark's own ``checkpointLocation`` (read for the default of ``laminar.checkpoint.location``)
+  and ``path`` (connector config when the connector declares a ``path`` key, an error
+  otherwise);
+- everything else — the connector's configuration, validated against the keys it declares,
+  whose spelling (case) is restored from the declaration.
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from laminar_sdk._checkpointing.registry import store_for_location
+from laminar_sdk._errors import CheckpointError, ConfigurationError
+from laminar_sdk._plugins import load_connector_registry
+from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._types import DeliveryGuarantee
+
+CONNECTOR_OPTION = "connector"
+"""The option naming the connector: ``.option("connector", "kafka")``."""
+
+SDK_PREFIX = "laminar."
+"""Options whose names start with this belong to the SDK, not to the connector."""
+
+DELIVERY = "laminar.delivery"
+MAX_RECORDS_PER_BATCH = "laminar.max.records.per.batch"
+CHECKPOINT_LOCATION = "laminar.checkpoint.location"
+CHECKPOINT_STORE = "laminar.checkpoint.store"
+CHECKPOINT_STORE_OPTION_PREFIX = "laminar.checkpoint.option."
+"""``laminar.checkpoint.option.endpoint=...`` passes ``endpoint`` to the checkpoint store."""
+
+SPARK_CHECKPOINT_LOCATION = "checkpointlocation"
+SPARK_PATH = "path"
+
+LAMINAR_CHECKPOINT_DIRECTORY = "laminar"
+"""The directory under Spark's ``checkpointLocation`` that holds the SDK's epoch manifests."""
+
+DEFAULT_MAX_RECORDS_PER_BATCH = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class SdkOption:
+    """One ``laminar.*`` option: its name, the roles it applies to, its default and meaning."""
+
+    name: str
+    roles: frozenset[ConnectorRole]
+    default: str
+    description: str
+
+
+_BOTH = frozenset(ConnectorRole)
+
+SDK_OPTIONS: tuple[SdkOption, ...] = (
+    SdkOption(
+        DELIVERY,
+        _BOTH,
+        str(DeliveryGuarantee.default()),
+        "at-least-once or exactly-once; exactly-once needs a replayable source and a sink "
+        "declaring exactly_once",
+    ),
+    SdkOption(
+        MAX_RECORDS_PER_BATCH,
+        frozenset({ConnectorRole.SOURCE}),
+        str(DEFAULT_MAX_RECORDS_PER_BATCH),
+        "most records one micro-batch reads from the source",
+    ),
+    SdkOption(
+        CHECKPOINT_LOCATION,
+        frozenset({ConnectorRole.SINK}),
+        f"<checkpointLocation>/{LAMINAR_CHECKPOINT_DIRECTORY}",
+        "where the epoch manifests of the sink are kept; required when Spark's "
+        "checkpointLocation is not given as an option",
+    ),
+    SdkOption(
+        CHECKPOINT_STORE,
+        frozenset({ConnectorRole.SINK}),
+        "<chosen by the location's scheme>",
+        "the checkpoint store (file, object, or one installed by a plugin)",
+    ),
+)
+"""Every ``laminar.*`` option, with its documented default. Besides these, keys starting with
+``laminar.checkpoint.option.`` are passed (without the prefix) to the checkpoint store."""
+
+_SDK_OPTION_NAMES = {option.name: option for option in SDK_OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeOptions:
+    """The options of one side of a ``format("laminar")`` query, split and validated.
+
+    Plain, picklable data: Spark ships it to its Python workers inside readers and writers.
+
+    :param connector: the registered connector name.
+    :param role: whether the connector is read from or written to.
+    :param properties: the connector's configuration, with the declared spelling of its keys.
+    :param delivery: the delivery guarantee asked for.
+    :param max_records_per_batch: most records read per micro-batch (sources).
+    :param checkpoint_location: where epoch manifests are kept (sinks).
+    :param checkpoint_store: the checkpoint store name, or ``None`` to infer it (sinks).
+    :param checkpoint_options: settings passed to the checkpoint store (sinks).
+    """
+
+    connector: str
+    role: ConnectorRole
+    properties: Mapping[str, str] = field(repr=False)  # may hold secrets
+    delivery: DeliveryGuarantee = DeliveryGuarantee.AT_LEAST_ONCE
+    max_records_per_batch: int = DEFAULT_MAX_RECORDS_PER_BATCH
+    checkpoint_location: str | None = None
+    checkpoint_store: str | None = None
+    checkpoint_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def spec(self) -> ConnectorSpec:
+        """The registered connector these options name."""
+        return connector_registry().get(self.connector, self.role)
+
+
+@functools.cache
+def connector_registry() -> ConnectorRegistry:
+    """The installed connectors, loaded once per process on first use (never at import)."""
+    return load_connector_registry()
+
+
+def parse_options(
+    options: Mapping[str, str], role: ConnectorRole, registry: ConnectorRegistry | None = None
+) -> BridgeOptions:
+    """Split Spark's ``options`` for a ``role`` connector and validate every part.
+
+    Nothing is opened: the connector's keys are checked against its declaration only.
+
+    :param registry: where the connector is looked up (default: the installed plugins).
+    :raises ConfigurationError: naming the option at fault — a missing or unknown connector,
+        an unknown or malformed ``laminar.*`` option, an undeclared connector key.
+    """
+    lowered = {key.lower(): value for key, value in options.items()}
+    name = lowered.get(CONNECTOR_OPTION)
+    if not name:
+        raise ConfigurationError(
+            f"format('laminar') needs the connector to {role.value}: add "
+            f'.option("connector", NAME); `laminar plugins list` shows the installed ones',
+            key=CONNECTOR_OPTION,
+        )
+    spec = (registry or connector_registry()).get(name, role)
+    sdk = _sdk_options(lowered, role)
+    properties = _connector_properties(lowered, spec)
+    spec.configure(properties)
+    return BridgeOptions(
+        connector=name,
+        role=role,
+        properties=properties,
+        delivery=_delivery(sdk),
+        max_records_per_batch=_positive_int(sdk, MAX_RECORDS_PER_BATCH),
+        checkpoint_location=_checkpoint_location(sdk, lowered, role),
+        checkpoint_store=sdk.get(CHECKPOINT_STORE),
+        checkpoint_options={
+            key.removeprefix(CHECKPOINT_STORE_OPTION_PREFIX): value
+            for key, value in sdk.items()
+            if key.startswith(CHECKPOINT_STORE_OPTION_PREFIX)
+        },
+    )
+
+
+def _sdk_options(lowered: Mapping[str, str], role: ConnectorRole) -> dict[str, str]:
+    given = {key: value for key, value in lowered.items() if key.startswith(SDK_PREFIX)}
+    for key in given:
+        if role is ConnectorRole.SINK and key.startswith(CHECKPOINT_STORE_OPTION_PREFIX):
+            continue
+        option = _SDK_OPTION_NAMES.get(key)
+        if option is None:
+            known = ", ".join(o.name for o in SDK_OPTIONS if role in o.roles)
+            raise ConfigurationError(
+                f"unknown SDK option {key!r} for a {role} (options starting with "
+                f"{SDK_PREFIX!r} belong to the SDK); known: {known}",
+                key=key,
+            )
+        if role not in option.roles:
+            other = next(iter(option.roles))
+            raise ConfigurationError(
+                f"option {key!r} applies to the {other} side only: set it on "
+                f"{'writeStream' if other is ConnectorRole.SINK else 'readStream'}",
+                key=key,
+            )
+    return given
+
+
+def _connector_properties(lowered: Mapping[str, str], spec: ConnectorSpec) -> dict[str, str]:
+    declared = {key.name.lower(): key.name for key in spec.config_keys}
+    properties = {}
+    for key, value in lowered.items():
+        if key in (CONNECTOR_OPTION, SPARK_CHECKPOINT_LOCATION) or key.startswith(SDK_PREFIX):
+            continue
+        if key == SPARK_PATH and SPARK_PATH not in declared:
+            raise ConfigurationError(
+                f"{spec.role} connector {spec.name!r} takes no path: pass its settings with "
+                ".option(KEY, VALUE) instead of load(path) / start(path)",
+                key=SPARK_PATH,
+            )
+        properties[declared.get(key, key)] = value
+    return properties
+
+
+def _delivery(sdk: Mapping[str, str]) -> DeliveryGuarantee:
+    text = sdk.get(DELIVERY)
+    if text is None:
+        return DeliveryGuarantee.default()
+    try:
+        return DeliveryGuarantee.parse(text)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"option {DELIVERY!r}: {error}", key=DELIVERY) from error
+
+
+def _positive_int(sdk: Mapping[str, str], key: str) -> int:
+    text = sdk.get(key, _SDK_OPTION_NAMES[key].default)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigurationError(f"option {key!r} must be an integer >= 1, got {text!r}", key=key)
+    return value
+
+
+def _checkpoint_location(
+    sdk: Mapping[str, str], lowered: Mapping[str, str], role: ConnectorRole
+) -> str | None:
+    if role is not ConnectorRole.SINK:
+        return None
+    location = sdk.get(CHECKPOINT_LOCATION)
+    if location is None:
+        spark_location = lowered.get(SPARK_CHECKPOINT_LOCATION)
+        if not spark_location:
+            raise ConfigurationError(
+                f"a laminar sink keeps its epoch manifests in {CHECKPOINT_LOCATION!r}, which "
+                "defaults to a 'laminar' directory under Spark's checkpointLocation option; "
+                "neither is set: add .option('checkpointLocation', DIR)",
+                key=CHECKPOINT_LOCATION,
+            )
+        location = _child_location(spark_location, LAMINAR_CHECKPOINT_DIRECTORY)
+    store = sdk.get(CHECKPOINT_STORE)
+    try:
+        chosen = store or store_for_location(location)
+    except CheckpointError as error:
+        raise ConfigurationError(
+            f"option {CHECKPOINT_LOCATION!r}: {error}; or set {CHECKPOINT_STORE!r}",
+            key=CHECKPOINT_LOCATION,
+        ) from error
+    if chosen == "memory":
+        raise ConfigurationError(
+            f"the memory checkpoint store lives in one process, and Spark commits each "
+            f"micro-batch in a new one: set {CHECKPOINT_LOCATION!r} to a directory or an "
+            "object-store URL",
+            key=CHECKPOINT_STORE if store else CHECKPOINT_LOCATION,
+        )
+    return location
+
+
+def _child_location(location: str, child: str) -> str:
+    """``location/child``; Spark's ``file:`` URIs become plain paths (the file store's form)."""
+    if location.startswith("file:"):
+        location = "/" + location.removeprefix("file:").lstrip("/")
+    return posixpath.join(location.rstrip("/"), child)

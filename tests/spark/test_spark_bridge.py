@@ -1,0 +1,131 @@
+"""The Spark bridge, end to end: format("laminar") on both sides of a streaming query."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import AnalysisException, StreamingQueryException
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import CaseInsensitiveDict
+from pyspark.sql.types import StructType
+from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
+
+from laminar_sdk._spark.arrow import spark_schema
+from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+from laminar_sdk.spark import LaminarDataSource
+
+pytestmark = pytest.mark.spark
+
+
+def test_generator_to_memory_sink_is_exactly_once(spark: SparkSession, tmp_path: Path) -> None:
+    run_exactly_once(spark, tmp_path, rows=40)
+
+    assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == expected_ids(40)
+    # 80 rows at most 25 per micro-batch: four epochs, each committed once.
+    assert committed_epochs(tmp_path) == [f"epoch-{e}" for e in range(4)]
+
+
+def test_a_restarted_query_resumes_without_duplicates(spark: SparkSession, tmp_path: Path) -> None:
+    run_exactly_once(spark, tmp_path, rows=20)
+    # The same checkpoint, and the source has grown: only the new rows are written.
+    run_exactly_once(spark, tmp_path, rows=35)
+
+    assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == expected_ids(35)
+
+
+def _writer_options(tmp_path: Path) -> CaseInsensitiveDict:
+    return CaseInsensitiveDict(
+        connector="memory",
+        path=str(tmp_path / "sink"),
+        checkpointLocation=str(tmp_path / "checkpoint"),
+        **{"laminar.delivery": "exactly-once"},
+    )
+
+
+def _ids_batch(first: int, count: int) -> pa.RecordBatch:
+    ids = list(range(first, first + count))
+    return pa.RecordBatch.from_pydict(
+        {"id": ids, "partition": [0] * count, "value": [0.5] * count}, schema=IDS_SCHEMA
+    )
+
+
+def test_a_redelivered_micro_batch_is_committed_once(tmp_path: Path) -> None:
+    # What Spark does when it re-runs a micro-batch the sink committed before its own commit
+    # log said so: the same batch id through a new writer instance, in a new process.
+    schema: StructType = spark_schema(IDS_SCHEMA, "generator")
+    writer = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
+    first = writer.write(iter([_ids_batch(0, 5), _ids_batch(5, 5)]))
+    second = writer.write(iter([_ids_batch(10, 3)]))
+
+    for _ in range(2):
+        again = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
+        again.commit([first, second], 0)
+
+    assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == list(range(13))
+    assert committed_epochs(tmp_path) == ["epoch-0"]
+
+
+def test_unknown_source_connector_fails_at_load(spark: SparkSession) -> None:
+    reader = spark.readStream.format("laminar").option("connector", "nope")
+
+    with pytest.raises(AnalysisException, match="no source connector named 'nope'.*generator"):
+        reader.load()
+
+
+def test_unknown_source_option_fails_at_load_naming_the_key(spark: SparkSession) -> None:
+    reader = spark.readStream.format("laminar").option("connector", "generator").option("rowz", "5")
+
+    with pytest.raises(AnalysisException, match="unknown config key 'rowz'; did you mean 'rows'"):
+        reader.load()
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("connector", "nope", "no sink connector named 'nope'"),
+        ("pth", "x", "memory: unknown config key 'pth'; did you mean 'path'"),
+    ],
+)
+def test_bad_sink_options_fail_the_query_before_any_data_is_written(
+    spark: SparkSession, tmp_path: Path, option: str, value: str, message: str
+) -> None:
+    stream = (
+        spark.readStream.format("laminar")
+        .option("connector", "generator")
+        .option("rows", "5")
+        .load()
+    )
+    query = (
+        stream.writeStream.format("laminar")
+        .option("connector", "memory")
+        .option("path", str(tmp_path / "sink"))
+        .option(option, value)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+
+    with pytest.raises(StreamingQueryException, match=message):
+        query.awaitTermination(60)
+    assert MemorySink.committed_ids(tmp_path / "sink") == []
+
+
+def test_a_stream_whose_columns_do_not_fit_the_sink_fails_before_writing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    stream = spark.readStream.format("rate").load()
+    query = (
+        stream.writeStream.format("laminar")
+        .option("connector", "memory")
+        .option("path", str(tmp_path / "sink"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+
+    with pytest.raises(
+        StreamingQueryException,
+        match=r"sink 'memory' cannot take this stream: columns are \(timestamp, value\), "
+        r"expected \(id, partition, value\)",
+    ):
+        query.awaitTermination(60)

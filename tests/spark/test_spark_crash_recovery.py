@@ -1,0 +1,116 @@
+"""Kill -9 of a Spark pipeline at each step of an epoch's commit, then a restart: exactly once.
+
+Each crash runs in a child process of its own (a Spark driver per crash point; the children
+of every selected crash point start at once, to overlap their JVM start-up); the
+``LAMINAR_SPARK_CRASH_AT`` hook SIGKILLs the driver JVM when the commit of micro-batch 1
+reaches the step. The restart runs in the tests' shared session, from the same checkpoint
+location.
+
+The three steps with distinct recoveries run by default: ``write`` (an undecided epoch, rolled
+back and rewritten), ``commit`` (a decided epoch, finished by recovery) and ``done`` (a
+committed epoch Spark re-runs, skipped). The other three are marked ``slow``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from spark_pipelines import (
+    MAX_RECORDS_PER_BATCH,
+    committed_epochs,
+    expected_ids,
+    run_exactly_once,
+)
+
+from laminar_sdk import ProtocolStep
+from laminar_sdk.reference import MemorySink
+from laminar_sdk.spark import CRASH_AT_VARIABLE
+
+pytestmark = pytest.mark.spark
+
+ROWS = 30  # 60 rows: micro-batches 0 and 1 hold 25 rows, micro-batch 2 holds 10
+CRASH_EPOCH = 1
+CHILD_TIMEOUT_S = 240
+
+# Whether epoch 1 is committed in the sink when the process dies at each step.
+COMMITTED_AT_CRASH = {
+    ProtocolStep.WRITE: False,
+    ProtocolStep.PRE_COMMIT: False,
+    ProtocolStep.MANIFEST: False,
+    ProtocolStep.COMMIT: False,
+    ProtocolStep.COMMITTED_MANIFEST: True,
+    ProtocolStep.DONE: True,
+}
+DEFAULT_STEPS = {ProtocolStep.WRITE, ProtocolStep.COMMIT, ProtocolStep.DONE}
+
+
+@dataclass(frozen=True)
+class CrashedRun:
+    work: Path
+    returncode: int
+    log: str
+
+
+STEPS = [
+    pytest.param(step, id=step.value, marks=[] if step in DEFAULT_STEPS else [pytest.mark.slow])
+    for step in COMMITTED_AT_CRASH
+]
+
+
+@pytest.fixture(scope="module")
+def crashed_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[ProtocolStep, CrashedRun]:
+    selected = {
+        item.callspec.params["step"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.path == Path(__file__)
+    }
+    children = {}
+    for step in selected:
+        work = tmp_path_factory.mktemp(f"crash-{step.value}")
+        log = (work / "child.log").open("w")
+        env = {**os.environ, CRASH_AT_VARIABLE: f"{step.value}:{CRASH_EPOCH}"}
+        child = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("crash_child.py")), str(work), str(ROWS)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        children[step] = (work, child, log)
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    runs = {}
+    for step, (work, child, log) in children.items():
+        try:
+            returncode = child.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            returncode = child.wait()
+        log.close()
+        runs[step] = CrashedRun(work, returncode, (work / "child.log").read_text())
+    return runs
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_restart_after_kill_at_protocol_step_delivers_exactly_once(
+    spark: SparkSession, crashed_runs: dict[ProtocolStep, CrashedRun], step: ProtocolStep
+) -> None:
+    run = crashed_runs[step]
+    assert run.returncode != 0, f"the child was not killed:\n{run.log[-3000:]}"
+    committed = 2 if COMMITTED_AT_CRASH[step] else 1
+    assert committed_epochs(run.work) == [f"epoch-{e}" for e in range(committed)], run.log[-3000:]
+    assert len(MemorySink.committed_ids(run.work / "sink")) == committed * MAX_RECORDS_PER_BATCH
+    # Spark's own commit log never recorded micro-batch 1: the restart re-runs it.
+    assert not (run.work / "checkpoint" / "commits" / str(CRASH_EPOCH)).exists()
+
+    run_exactly_once(spark, run.work, ROWS)
+
+    assert sorted(MemorySink.committed_ids(run.work / "sink")) == expected_ids(ROWS)

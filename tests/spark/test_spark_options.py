@@ -1,0 +1,92 @@
+"""Splitting format("laminar") options into SDK settings and connector configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+import pyspark_laminar
+from laminar_sdk import ConfigurationError, ConnectorRole, DeliveryGuarantee
+from laminar_sdk.spark import LaminarDataSource, parse_options
+
+pytestmark = pytest.mark.spark
+
+SINK = ConnectorRole.SINK
+SOURCE = ConnectorRole.SOURCE
+
+
+def test_spark_finds_the_data_source_as_laminar() -> None:
+    # What Spark's lookup_data_sources does with every top-level pyspark_* module.
+    assert issubclass(pyspark_laminar.DefaultSource, LaminarDataSource)
+    assert pyspark_laminar.DefaultSource.name() == "laminar"
+
+
+def test_sdk_options_are_split_from_connector_config() -> None:
+    # Spark lower-cases option names; the connector's own spelling comes back.
+    options = parse_options(
+        {
+            "connector": "generator",
+            "rows": "10",
+            "batch_size": "5",
+            "laminar.delivery": "exactly-once",
+            "laminar.max.records.per.batch": "7",
+        },
+        SOURCE,
+    )
+
+    assert options.properties == {"rows": "10", "batch_size": "5"}
+    assert options.delivery is DeliveryGuarantee.EXACTLY_ONCE
+    assert options.max_records_per_batch == 7
+
+
+def test_the_sink_keeps_its_manifests_under_sparks_checkpoint_location() -> None:
+    options = parse_options(
+        {"connector": "memory", "path": "/data/sink", "checkpointlocation": "file:///ck/q1/"},
+        SINK,
+    )
+
+    assert options.checkpoint_location == "/ck/q1/laminar"
+    assert options.properties == {"path": "/data/sink"}
+    assert options.delivery is DeliveryGuarantee.AT_LEAST_ONCE
+
+
+@pytest.mark.parametrize(
+    ("role", "options", "key", "message"),
+    [
+        (SOURCE, {}, "connector", r'add \.option\("connector", NAME\)'),
+        (SOURCE, {"connector": "generator", "laminar.delivry": "x"}, "laminar.delivry", "known:"),
+        (
+            SOURCE,
+            {"connector": "generator", "laminar.delivery": "twice"},
+            "laminar.delivery",
+            "exactly-once",
+        ),
+        (
+            SOURCE,
+            {"connector": "generator", "laminar.max.records.per.batch": "0"},
+            "laminar.max.records.per.batch",
+            "integer >= 1",
+        ),
+        (
+            SOURCE,
+            {"connector": "generator", "laminar.checkpoint.location": "/x"},
+            "laminar.checkpoint.location",
+            "sink side only",
+        ),
+        (SOURCE, {"connector": "generator", "path": "/x"}, "path", "takes no path"),
+        (SINK, {"connector": "memory", "path": "/x"}, "laminar.checkpoint.location", "neither"),
+        (
+            SINK,
+            {"connector": "memory", "path": "/x", "laminar.checkpoint.location": "memory://a"},
+            "laminar.checkpoint.location",
+            "lives in one process",
+        ),
+        (SINK, {"connector": "memory", "checkpointlocation": "/ck"}, "path", "missing required"),
+    ],
+)
+def test_bad_options_name_the_key(
+    role: ConnectorRole, options: dict[str, str], key: str, message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        parse_options(options, role)
+
+    assert caught.value.key == key
