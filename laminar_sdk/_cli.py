@@ -6,10 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
 from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._errors import LaminarError
+from laminar_sdk._errors import ConfigurationError, LaminarError
+from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
 from laminar_sdk._terminal import format_table
@@ -64,6 +66,41 @@ def _plugins_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    pipeline = load_pipeline_file(Path(args.pipeline))
+    try:
+        from laminar_sdk._spark import run as spark_run  # noqa: PLC0415 - pyspark only here
+    except ImportError as error:
+        raise ConfigurationError(
+            f"`laminar run` needs Spark: pip install 'laminar-sdk[spark]' ({error})",
+            key="pipeline",
+        ) from error
+    from pyspark.errors import StreamingQueryException  # noqa: PLC0415
+
+    print(
+        f"laminar: running {pipeline.path.name}: {pipeline.source} -> {pipeline.sink} "
+        f"({pipeline.delivery}) on {pipeline.master}",
+        flush=True,
+    )
+    try:
+        query = spark_run.start_pipeline(pipeline)
+        spark_run.follow(query, lambda progress: print(f"  {progress}", flush=True))
+    except KeyboardInterrupt:
+        print("laminar: stopped; the next run resumes from the checkpoint", file=sys.stderr)
+        return 130
+    except StreamingQueryException as error:
+        print(f"laminar: error: the pipeline failed: {error.getMessage()}", file=sys.stderr)
+        return 1
+    print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from laminar_sdk._demo import run_demo  # noqa: PLC0415 - only this command needs it
+
+    return run_demo(args.workdir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``laminar`` command."""
     parser = argparse.ArgumentParser(
@@ -82,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("name", help="connector name, as in `laminar plugins list`")
     show.add_argument("--role", choices=[r.value for r in ConnectorRole])
     show.set_defaults(handler=_plugins_show)
+
+    run = commands.add_parser(
+        "run",
+        help="run a pipeline file on Spark",
+        description=pipeline_file_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument("pipeline", help="the pipeline file (TOML)")
+    run.set_defaults(handler=_run)
+
+    demo = commands.add_parser(
+        "demo", help="the quick start: an exactly-once pipeline killed and resumed on Spark"
+    )
+    demo.add_argument("--workdir", type=Path, help="where to put it (default: a new temp dir)")
+    demo.set_defaults(handler=_demo)
 
     add_checkpoint_commands(commands)
     return parser

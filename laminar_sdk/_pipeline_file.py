@@ -1,0 +1,167 @@
+"""Pipeline files: what ``laminar run PIPELINE.toml`` reads.
+
+A pipeline file names a source, an optional Spark SQL transform, a sink, and how to run them::
+
+    [source]
+    connector = "generator"
+    rows = 1000                 # every other key is the connector's configuration
+
+    [transform]                 # optional; the source is the temporary view `source`
+    sql = "SELECT * FROM source WHERE id % 2 = 0"
+
+    [sink]
+    connector = "memory"
+    path = "out"
+
+    [pipeline]
+    delivery = "exactly-once"         # or "at-least-once" (the default)
+    checkpoint_location = "checkpoint"
+    checkpoint_store = "file"         # optional: inferred from the location
+    master = "local[2]"               # or spark://host:7077
+    trigger = "available-now"         # or "continuous" (one micro-batch every `interval_s`)
+    interval_s = 1.0
+    max_records_per_batch = 100000
+
+Relative paths (``checkpoint_location``, and connector values of keys named ``path``) are
+resolved against the file's directory, so a pipeline runs the same from any working directory.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._types import DeliveryGuarantee
+
+TRIGGERS = ("available-now", "continuous")
+
+_SECTIONS = {"source", "transform", "sink", "pipeline"}
+_PIPELINE_KEYS = {
+    "delivery",
+    "checkpoint_location",
+    "checkpoint_store",
+    "master",
+    "trigger",
+    "interval_s",
+    "max_records_per_batch",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineFile:
+    """A parsed pipeline file; see the module documentation for the format."""
+
+    path: Path
+    source: str
+    source_options: Mapping[str, str]
+    sink: str
+    sink_options: Mapping[str, str]
+    transform_sql: str | None
+    delivery: DeliveryGuarantee
+    checkpoint_location: Path
+    checkpoint_store: str | None
+    master: str
+    trigger: str
+    interval_s: float
+    max_records_per_batch: int | None
+
+
+def _fail(path: Path, key: str, message: str) -> ConfigurationError:
+    return ConfigurationError(f"{path}: {key}: {message}", key=key)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _connector(path: Path, document: Mapping[str, Any], section: str) -> tuple[str, dict[str, str]]:
+    table = document.get(section)
+    if not isinstance(table, dict):
+        raise _fail(path, section, f"missing [{section}] table with a `connector` key")
+    options = dict(table)
+    connector = options.pop("connector", None)
+    if not isinstance(connector, str) or not connector:
+        raise _fail(path, f"{section}.connector", "missing: name the connector to use")
+    converted: dict[str, str] = {}
+    for key, value in options.items():
+        if isinstance(value, dict | list):
+            raise _fail(path, f"{section}.{key}", "must be a string, number or boolean")
+        text = _text(value)
+        if key == "path" and not Path(text).is_absolute() and "://" not in text:
+            text = str((path.parent / text).resolve())
+        converted[key] = text
+    return connector, converted
+
+
+def load_pipeline_file(path: Path) -> PipelineFile:
+    """Read and check a pipeline file.
+
+    :raises ConfigurationError: naming the file and the key that is missing, unknown or of
+        the wrong type.
+    """
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigurationError(f"{path}: no such pipeline file", key="pipeline") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"{path}: not valid TOML: {error}", key="pipeline") from error
+    for section in document:
+        if section not in _SECTIONS:
+            raise _fail(path, section, f"unknown section; use {', '.join(sorted(_SECTIONS))}")
+    source, source_options = _connector(path, document, "source")
+    sink, sink_options = _connector(path, document, "sink")
+    transform = document.get("transform", {})
+    sql = transform.get("sql") if isinstance(transform, dict) else None
+    if transform and (not isinstance(sql, str) or set(transform) != {"sql"}):
+        raise _fail(path, "transform", "must hold exactly one key, `sql`, a SQL query text")
+    settings = document.get("pipeline", {})
+    unknown = set(settings) - _PIPELINE_KEYS
+    if unknown:
+        raise _fail(
+            path, f"pipeline.{sorted(unknown)[0]}", f"unknown; use {sorted(_PIPELINE_KEYS)}"
+        )
+    location = settings.get("checkpoint_location")
+    if not isinstance(location, str) or not location:
+        raise _fail(
+            path, "pipeline.checkpoint_location", "missing: where the pipeline keeps its progress"
+        )
+    trigger = settings.get("trigger", "available-now")
+    if trigger not in TRIGGERS:
+        raise _fail(path, "pipeline.trigger", f"{trigger!r}; use one of {', '.join(TRIGGERS)}")
+    interval = settings.get("interval_s", 1.0)
+    max_records = settings.get("max_records_per_batch")
+    if not isinstance(interval, int | float) or interval <= 0:
+        raise _fail(path, "pipeline.interval_s", "must be a positive number of seconds")
+    if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
+        raise _fail(path, "pipeline.max_records_per_batch", "must be a positive integer")
+    try:
+        delivery = DeliveryGuarantee.parse(_text(settings.get("delivery", "at-least-once")))
+    except ConfigurationError as error:
+        raise _fail(path, "pipeline.delivery", str(error)) from None
+    store = settings.get("checkpoint_store")
+    return PipelineFile(
+        path=path,
+        source=source,
+        source_options=source_options,
+        sink=sink,
+        sink_options=sink_options,
+        transform_sql=sql,
+        delivery=delivery,
+        checkpoint_location=(path.parent / location).resolve(),
+        checkpoint_store=None if store is None else _text(store),
+        master=_text(settings.get("master", "local[2]")),
+        trigger=trigger,
+        interval_s=float(interval),
+        max_records_per_batch=max_records,
+    )
+
+
+def pipeline_file_help() -> str:
+    """The pipeline file format, for ``laminar run --help``."""
+    return __doc__ or ""
