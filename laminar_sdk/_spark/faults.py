@@ -9,8 +9,11 @@ other Python workers exit when their connection to the JVM breaks). Restarting t
 the same checkpoint location must then deliver every record exactly once. Linux only (the JVM
 is found through ``/proc``).
 
-It exists for the conformance kit and the SDK's own tests; nothing reads the variable unless
-a laminar sink commits, and a production environment never sets it.
+:data:`KILL_WRITER_VARIABLE` kills one write task's Python worker instead, in the middle of its
+write.
+
+Both exist for the conformance kit and the SDK's own tests; nothing reads the variables unless
+a laminar sink writes or commits, and a production environment never sets them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,25 @@ from laminar_sdk._errors import ConfigurationError
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 """``STEP:EPOCH``: kill the pipeline when the commit of micro-batch ``EPOCH`` reaches ``STEP``."""
+
+
+KILL_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_WRITER"
+"""A marker file's path: the first write task to find the file absent creates it and SIGKILLs
+its own Python worker in the middle of its write (a crashed executor worker, which Spark must
+retry without the epoch committing anything twice)."""
+
+
+def kill_writer_once(environ: Mapping[str, str] | None = None) -> None:
+    """SIGKILL this Python worker if :data:`KILL_WRITER_VARIABLE` names a marker not yet made."""
+    marker = (os.environ if environ is None else environ).get(KILL_WRITER_VARIABLE)
+    if not marker:
+        return
+    try:
+        descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(descriptor)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def crash_observer(environ: Mapping[str, str] | None = None) -> StepObserver | None:

@@ -39,7 +39,7 @@ from laminar_sdk._coordinator import EpochCoordinator
 from laminar_sdk._errors import InvalidState
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink
-from laminar_sdk._spark.faults import crash_observer
+from laminar_sdk._spark.faults import crash_observer, kill_writer_once
 from laminar_sdk._spark.options import BridgeOptions
 
 logger = logging.getLogger("laminar_sdk.spark")
@@ -77,6 +77,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 stream.write_batch(conform(batch, self._schema, what))
                 rows += batch.num_rows
+                kill_writer_once()
         return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows)
 
     def commit(
