@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
 from laminar_sdk._connector import SinkConnector, SourceConnector
@@ -136,7 +137,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo)
 
     add_checkpoint_commands(commands)
+    _add_conformance_commands(commands)
     return parser
+
+
+def _add_conformance_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    # The kit is a separate distribution: `laminar conformance` exists where it is installed,
+    # and says how to get it where it is not.
+    try:
+        from laminar_conformance._cli import add_conformance_commands  # noqa: PLC0415
+    except ImportError:
+        missing = commands.add_parser("conformance", help="(pip install laminar-conformance)")
+        missing.set_defaults(handler=_conformance_missing)
+    else:
+        add_conformance_commands(commands)
+
+
+def _conformance_missing(_args: argparse.Namespace) -> int:
+    raise ConfigurationError(
+        "`laminar conformance` needs the conformance kit: pip install laminar-conformance",
+        key="conformance",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

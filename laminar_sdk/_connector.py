@@ -158,9 +158,10 @@ class SinkConnector(ABC):
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Write ``batch`` within the current epoch.
 
-        Nothing written may become visible to a reader before :meth:`commit_epoch` when the
-        sink declares ``exactly_once``. Raise :class:`SchemaMismatch` when ``batch`` does not
-        match :meth:`schema`.
+        A sink declaring ``two_phase_commit`` makes nothing written visible to a reader before
+        :meth:`commit_epoch`; one declaring ``exactly_once`` must in the end show every record
+        of a committed epoch once and nothing of a rolled-back one. Raise
+        :class:`SchemaMismatch` when ``batch`` does not match :meth:`schema`.
         """
 
     @abstractmethod

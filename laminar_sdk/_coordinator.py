@@ -72,11 +72,11 @@ conformance kit injects faults and process kills through it)."""
 class RetryPolicy:
     """Time bounds and retries of connector calls.
 
-    Every call is bounded by ``call_timeout_s``. Calls that may safely run again
-    (``begin_epoch``, ``commit_epoch``, ``rollback_epoch``) are retried up to ``attempts``
-    times when they fail with a transient error, waiting ``backoff_s``, doubling up to
-    ``max_backoff_s``. A failed ``write_batch`` or ``pre_commit`` fails the whole epoch
-    instead: retrying it alone could write a batch twice.
+    Every call is bounded by ``call_timeout_s``. The calls the contract makes idempotent
+    (``commit_epoch``, ``rollback_epoch``) are retried up to ``attempts`` times when they fail
+    with a transient error, waiting ``backoff_s``, doubling up to ``max_backoff_s``. A failed
+    ``begin_epoch``, ``write_batch`` or ``pre_commit`` fails the whole epoch instead, which is
+    rolled back: retrying one alone could begin an epoch twice or write a batch twice.
     """
 
     call_timeout_s: float = 60.0
@@ -213,7 +213,7 @@ class EpochCoordinator:
         self, epoch: int, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch]
     ) -> int:
         for name, sink in self._sinks.items():
-            await self._retrying(name, "begin_epoch", functools.partial(sink.begin_epoch, epoch))
+            await self._bounded(name, "begin_epoch", sink.begin_epoch(epoch))
         rows = 0
         async for batch in _aiter(batches):
             for name, sink in self._sinks.items():

@@ -1,0 +1,203 @@
+"""Fault injection: errors and simulated crashes around a sink's protocol calls."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from laminar_sdk import (
+    ConnectorConfig,
+    ConnectorError,
+    ConnectorMetrics,
+    HealthStatus,
+    ProtocolStep,
+    SimulatedCrash,
+    SinkConnector,
+    SinkConnectorCapabilities,
+    WriteResult,
+)
+
+
+class Fault(enum.Enum):
+    """What happens around one call."""
+
+    NONE = "none"
+    ERROR_BEFORE = "error-before"
+    """The call fails without doing anything (the request was lost)."""
+    ERROR_AFTER = "error-after"
+    """The call does its work, then fails (the reply was lost)."""
+    CRASH_BEFORE = "crash-before"
+    """The process dies just before the call."""
+    CRASH_AFTER = "crash-after"
+    """The process dies just after the call returned."""
+
+    def __repr__(self) -> str:
+        return f"Fault.{self.name}"
+
+    @property
+    def is_crash(self) -> bool:
+        """Whether the process dies (rather than the call failing)."""
+        return self in (Fault.CRASH_BEFORE, Fault.CRASH_AFTER)
+
+    @property
+    def call_happens(self) -> bool:
+        """Whether the call itself runs."""
+        return self in (Fault.NONE, Fault.ERROR_AFTER, Fault.CRASH_AFTER)
+
+
+class InjectedFault(ConnectorError):
+    """A transient failure the conformance kit injected: a lost request or reply."""
+
+    transient = True
+
+
+SINK_CALLS = ("begin_epoch", "write_batch", "pre_commit", "commit_epoch", "rollback_epoch")
+"""The sink calls the kit injects faults into."""
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPoint:
+    """One fault: ``fault`` at ``where`` (a protocol step or a sink call) in ``epoch``.
+
+    At a :class:`ProtocolStep` only a crash is meaningful (the coordinator is between calls).
+    """
+
+    where: ProtocolStep | str
+    fault: Fault
+    epoch: int
+
+    def __str__(self) -> str:
+        if isinstance(self.where, ProtocolStep):
+            return f"crash at step {self.where.value} of epoch {self.epoch}"
+        return f"{self.fault.value} {self.where} of epoch {self.epoch}"
+
+
+def every_fault_point(epoch: int) -> list[FaultPoint]:
+    """Every crash point of the design notes, and every error the runtime must handle.
+
+    A crash at each :class:`ProtocolStep`, a crash before and after every sink call, an error
+    before every sink call, and an error after every call the runtime may repeat or undo
+    (not ``begin_epoch``: the contract does not require it to be idempotent).
+    """
+    points = [FaultPoint(step, Fault.CRASH_BEFORE, epoch) for step in ProtocolStep]
+    for call in SINK_CALLS:
+        faults = [Fault.CRASH_BEFORE, Fault.CRASH_AFTER, Fault.ERROR_BEFORE]
+        if call != "begin_epoch":
+            faults.append(Fault.ERROR_AFTER)
+        points += [FaultPoint(call, fault, epoch) for fault in faults]
+    return points
+
+
+class FaultPlan:
+    """Faults to inject, each the first time its point is reached.
+
+    :param points: the faults; two at the same point fire on successive visits.
+    """
+
+    def __init__(self, points: Iterable[FaultPoint]) -> None:
+        self._pending = list(points)
+        self.fired: list[FaultPoint] = []
+
+    def __len__(self) -> int:
+        """How many faults are still to fire."""
+        return len(self._pending)
+
+    def take(self, where: ProtocolStep | str, epoch: int) -> Fault:
+        """The fault planned for this visit of ``where`` in ``epoch`` (``NONE`` if none)."""
+        for point in self._pending:
+            if (point.where, point.epoch) == (where, epoch):
+                self._pending.remove(point)
+                self.fired.append(point)
+                return point.fault
+        return Fault.NONE
+
+    def observe(self, step: ProtocolStep, epoch: int) -> None:
+        """A coordinator observer: crash where a crash is planned."""
+        if self.take(step, epoch) is not Fault.NONE:
+            raise SimulatedCrash(f"injected crash at step {step.value} of epoch {epoch}")
+
+
+async def inject(
+    fault: Fault, where: str, epoch: int, call: Callable[[], Awaitable[object]]
+) -> None:
+    """Run ``call`` with ``fault`` around it.
+
+    :raises SimulatedCrash: for a crash.
+    :raises InjectedFault: for an error.
+    """
+    if fault.call_happens:
+        await call()
+    if fault.is_crash:
+        raise SimulatedCrash(f"injected {fault.value} {where} of epoch {epoch}")
+    if fault is not Fault.NONE:
+        raise InjectedFault(f"injected {fault.value} {where} of epoch {epoch}")
+
+
+class FaultySink(SinkConnector):
+    """Wraps an opened sink, injecting the faults a :class:`FaultPlan` holds into its calls."""
+
+    def __init__(self, sink: SinkConnector, plan: FaultPlan) -> None:
+        self._sink = sink
+        self._plan = plan
+        self._epoch = -1
+
+    async def open(self, config: ConnectorConfig) -> None:
+        """Open the wrapped sink."""
+        await self._sink.open(config)
+
+    def schema(self) -> pa.Schema:
+        """The wrapped sink's schema."""
+        return self._sink.schema()
+
+    async def _faulty(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
+        await inject(self._plan.take(where, epoch), where, epoch, call)
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """``begin_epoch``, with its planned fault."""
+        self._epoch = epoch
+        await self._faulty("begin_epoch", epoch, lambda: self._sink.begin_epoch(epoch))
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """``write_batch``, with its planned fault."""
+        results: list[WriteResult] = []
+
+        async def write() -> None:
+            results.append(await self._sink.write_batch(batch))
+
+        await self._faulty("write_batch", self._epoch, write)
+        return results[0]
+
+    async def pre_commit(self, epoch: int) -> None:
+        """``pre_commit``, with its planned fault."""
+        await self._faulty("pre_commit", epoch, lambda: self._sink.pre_commit(epoch))
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """``commit_epoch``, with its planned fault."""
+        await self._faulty("commit_epoch", epoch, lambda: self._sink.commit_epoch(epoch))
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """``rollback_epoch``, with its planned fault."""
+        await self._faulty("rollback_epoch", epoch, lambda: self._sink.rollback_epoch(epoch))
+
+    async def flush(self) -> None:
+        """The wrapped sink's ``flush``."""
+        await self._sink.flush()
+
+    async def health_check(self) -> HealthStatus:
+        """The wrapped sink's health."""
+        return await self._sink.health_check()
+
+    def metrics(self) -> ConnectorMetrics:
+        """The wrapped sink's metrics."""
+        return self._sink.metrics()
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """The wrapped sink's capabilities."""
+        return self._sink.capabilities()
+
+    async def close(self) -> None:
+        """Close the wrapped sink."""
+        await self._sink.close()

@@ -1,0 +1,22 @@
+"""The figures each check reports: cases run, faults injected, epochs, restarts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FIGURE_PREFIX = "laminar."
+"""Prefix of the ``user_properties`` in which each check reports its figures."""
+
+
+@dataclass(slots=True)
+class Figures:
+    """What one check did, reported in its ``user_properties`` (and the run's report)."""
+
+    cases: int = 0
+    """Cases run: Hypothesis examples, or 1 for a check without Hypothesis."""
+    faults: int = 0
+    """Faults injected: errors and simulated crashes."""
+    epochs: int = 0
+    """Epochs committed (sinks) or checkpoints restored (sources)."""
+    restarts: int = 0
+    """New connector instances opened after a crash or a close."""

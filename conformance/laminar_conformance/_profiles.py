@@ -1,0 +1,122 @@
+"""Run profiles (``quick``, ``full``) and the Hypothesis settings and seed each test runs with."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from hypothesis import settings
+
+PROFILE_OPTION = "laminar_profile"
+"""The pytest option (``--laminar-profile``) that selects a profile."""
+
+PROFILE_VARIABLE = "LAMINAR_CONFORMANCE_PROFILE"
+"""The environment variable that selects a profile when the option is not given."""
+
+CI_VARIABLE = "CI"
+"""Set in CI: Hypothesis runs derandomized unless a seed is given."""
+
+_SEED_KEY = pytest.StashKey["int | None"]()
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How much each check explores.
+
+    :param name: ``quick`` (under a minute per connector) or ``full`` (under ten minutes).
+    :param machine_examples: schedules the epoch-protocol state machine runs.
+    :param machine_steps: the most protocol calls in one schedule.
+    :param recovery_examples: fault plans run through the epoch coordinator.
+    :param replay_examples: poll / checkpoint / crash schedules run against a source.
+    """
+
+    name: str
+    machine_examples: int
+    machine_steps: int
+    recovery_examples: int
+    replay_examples: int
+
+    def settings(self, examples: int, *, seeded: bool) -> settings:
+        """Hypothesis settings for a check that runs ``examples`` cases.
+
+        Derandomized in CI when no seed is given; without the example database when seeded,
+        so that the seed alone decides what runs.
+        """
+        # Imported here: `laminar conformance run` reads the profiles before pytest starts,
+        # and pytest cannot rewrite Hypothesis's modules once they are imported.
+        from hypothesis import HealthCheck, Phase, settings  # noqa: PLC0415
+
+        derandomize = not seeded and bool(os.environ.get(CI_VARIABLE))
+        chosen = settings(
+            max_examples=examples,
+            stateful_step_count=self.machine_steps,
+            deadline=None,
+            derandomize=derandomize,
+            print_blob=True,
+            report_multiple_bugs=False,
+            # No explain phase: it re-runs the failing case many times for little insight here.
+            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.data_too_large,
+                HealthCheck.filter_too_much,
+            ],
+        )
+        return settings(chosen, database=None) if seeded or derandomize else chosen
+
+
+PROFILES = {
+    "quick": Profile(
+        "quick", machine_examples=150, machine_steps=30, recovery_examples=50, replay_examples=150
+    ),
+    "full": Profile(
+        "full",
+        machine_examples=1500,
+        machine_steps=50,
+        recovery_examples=600,
+        replay_examples=2000,
+    ),
+}
+"""The profiles by name."""
+
+
+def selected_profile(config: pytest.Config, default: str = "quick") -> Profile:
+    """The profile ``--laminar-profile``, else ``$LAMINAR_CONFORMANCE_PROFILE``, else ``default``.
+
+    :raises pytest.UsageError: for an unknown profile name.
+    """
+    name = config.getoption(PROFILE_OPTION, None) or os.environ.get(PROFILE_VARIABLE) or default
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise pytest.UsageError(
+            f"unknown conformance profile {name!r}: use one of {', '.join(PROFILES)}"
+        ) from None
+
+
+def session_seed(config: pytest.Config) -> int | None:
+    """The Hypothesis seed of every conformance check in this pytest session.
+
+    ``--hypothesis-seed`` when given; ``None`` in CI (derandomized); otherwise one chosen at
+    random once per session, so that a failure can print the seed that replays it.
+    """
+    if _SEED_KEY not in config.stash:
+        given = config.getoption("hypothesis_seed", None)
+        if given is not None:
+            try:
+                seed: int | None = int(given)
+            except ValueError:
+                raise pytest.UsageError(
+                    f"--hypothesis-seed={given}: the conformance kit needs an integer seed"
+                ) from None
+        elif os.environ.get(CI_VARIABLE):
+            seed = None
+        else:
+            seed = random.randrange(2**32)  # noqa: S311 - a test seed, not a secret
+        config.stash[_SEED_KEY] = seed
+    return config.stash[_SEED_KEY]

@@ -1,0 +1,107 @@
+"""The kit catches each deliberately broken variant of the reference connectors.
+
+Every variant in ``broken.py`` runs through ``python -m laminar_conformance run`` (the command
+``laminar conformance run`` wraps) with a fixed seed, as a plugin author's CI would run it: the
+run must fail, and its report must name the check that caught the bug.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+# Variant, role, and a check that must catch it (others may too).
+VARIANTS = [
+    ("broken-commit-in-pre-commit", "sink", "test_nothing_is_visible_before_commit_epoch"),
+    ("broken-rollback-keeps-buffer", "sink", "test_a_rolled_back_epoch_leaves_no_trace"),
+    ("broken-loses-last-batch", "sink", "test_epoch_protocol_state_machine"),
+    (
+        "broken-forgets-committed-epochs",
+        "sink",
+        "test_a_committed_epoch_delivered_again_after_a_restart_is_skipped",
+    ),
+    (
+        "broken-commit-state-in-memory",
+        "sink",
+        "test_an_epoch_decided_before_a_crash_is_committed_by_a_new_instance",
+    ),
+    ("broken-writes-straight-through", "sink", "test_close_abandons_an_open_epoch"),
+    (
+        "broken-restore-off-by-one",
+        "source",
+        "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ),
+    (
+        "broken-checkpoint-ahead",
+        "source",
+        "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ),
+    ("broken-restore-ignores-a-partition", "source", "test_each_partition_restores_independently"),
+    (
+        "broken-schema-drift",
+        "source",
+        "test_every_record_is_returned_once_in_batches_of_the_schema",
+    ),
+]
+
+
+def conformance_run(connector: str, role: str, report: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
+    command += ["--plugin", "broken", "--seed", "1", "--report", str(report)]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    return subprocess.run(
+        command, capture_output=True, text=True, env=environment, cwd=report.parent, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run, started at once on a pool as wide as the machine (each is one process)."""
+    directory = tmp_path_factory.mktemp("broken")
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        started: dict[str, Future] = {}
+        correct = [("buffering-sink", "sink"), ("no-replay-source", "source")]
+        for connector, role in [(v[0], v[1]) for v in VARIANTS] + correct:
+            report = directory / f"{connector}.md"
+            started[connector] = pool.submit(conformance_run, connector, role, report)
+        yield {
+            connector: (future.result(), directory / f"{connector}.md")
+            for connector, future in started.items()
+        }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("connector", "role", "catching_check"), VARIANTS)
+def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_check):
+    result, report = runs[connector]
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    text = report.read_text()
+    assert "**Result: FAILED**" in text
+    failed = [line for line in text.splitlines() if "| failed |" in line]
+    assert any(line.startswith(f"| {catching_check}") for line in failed), "\n".join(failed)
+    assert f"laminar conformance run {connector} --role {role} --seed 1" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_correct_sink_the_broken_ones_derive_from_passes(runs):
+    result, report = runs["buffering-sink"]
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "**Result: PASSED**" in report.read_text()
+
+
+@pytest.mark.slow
+def test_a_source_without_replay_skips_the_replay_checks_saying_why(runs):
+    result, report = runs["no-replay-source"]
+    assert result.returncode == 0, result.stdout[-3000:]
+    text = report.read_text()
+    assert "- Capabilities: no-replay" in text
+    reason = "supports_replay() is False: the source cannot go back, so replay is not checked"
+    assert f"- `test_each_partition_restores_independently`: {reason}" in text
+    assert "| test_every_record_is_returned_once_in_batches_of_the_schema | passed |" in text

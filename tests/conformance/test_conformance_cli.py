@@ -1,0 +1,179 @@
+"""``laminar conformance run``: runs the suites with pytest, reports, and fails loudly."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree
+
+import pytest
+from laminar_conformance._cli import add_conformance_commands, generated_module
+from laminar_conformance.contexts import ConformancePlugins
+
+from laminar_sdk import ConnectorRole, PluginError, hookimpl
+
+
+def conformance(*arguments: str, cwd: Path, path: Path | None = None):
+    environment = dict(os.environ)
+    if path is not None:
+        environment["PYTHONPATH"] = os.pathsep.join([str(path), *sys.path])
+    return subprocess.run(
+        [sys.executable, "-m", "laminar_conformance", *arguments],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environment,
+        check=False,
+    )
+
+
+def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
+    report, junit = tmp_path / "report.md", tmp_path / "junit.xml"
+    result = conformance(
+        "run", "memory", "--role", "sink", "--seed", "5", "--no-spark",
+        "--report", str(report), "--junitxml", str(junit), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "capabilities: exactly_once, idempotent, two_phase_commit" in result.stdout
+    assert "test_epoch_protocol_state_machine PASSED" in result.stdout, "pytest's progress"
+    text = report.read_text()
+    assert "**Result: PASSED**" in text
+    assert "- Capabilities: exactly_once, idempotent, two_phase_commit" in text
+    assert "- Replay: `laminar conformance run memory --role sink --seed 5`" in text
+    assert "- Spark layer: not run (--no-spark)" in text
+    assert (
+        "- `test_capabilities_not_checked_in_process[upsert]`: the sink does not declare upsert"
+        in text
+    )
+    figures = next(line for line in text.splitlines() if line.startswith("- Figures:"))
+    cases, faults = (int(figures.split()[i]) for i in (2, 5))
+    assert cases > 100
+    assert faults > 50
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    assert int(suite.get("tests")) > 30
+    assert int(suite.get("failures")) == 0
+    assert not (tmp_path / ".hypothesis").exists(), (
+        "Hypothesis's files stay out of the caller's way"
+    )
+
+
+def test_the_role_is_needed_only_when_the_name_is_both(tmp_path):
+    result = conformance("run", "memory", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'memory' is both a source and a sink connector: say which role" in result.stderr
+    result = conformance("run", "generator", "--report", "r.md", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert (
+        "Spark layer: not run: this version of the kit has the in-process layer only"
+        in (tmp_path / "r.md").read_text()
+    )
+
+
+def test_an_unknown_connector_is_a_usage_error(tmp_path):
+    result = conformance("run", "no-such", "--role", "sink", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "no sink connector named 'no-such' is installed" in result.stderr
+
+
+PLUGIN_SOURCE = """
+from pathlib import Path
+
+import pyarrow as pa
+
+from laminar_sdk import ConnectorConfig, hookimpl
+from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+
+
+class Context:  # no import of laminar_conformance: the methods are the whole contract
+    def __init__(self, workdir):
+        self.path = Path(workdir) / "out"
+
+    def config(self):
+        return ConnectorConfig("installed-memory", {"path": str(self.path)})
+
+    def batch(self, ids):
+        ids = pa.array(list(ids), pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [ids, pa.array([0] * len(ids), pa.int32()), ids.cast(pa.float64())], schema=IDS_SCHEMA
+        )
+
+    def committed_ids(self):
+        return MemorySink.committed_ids(self.path)
+
+    def close(self):
+        pass
+
+
+@hookimpl
+def laminar_register_connectors(registry):
+    registry.add_sink("installed-memory", MemorySink, config_keys=MemorySink.CONFIG_KEYS)
+    registry.add_sink("no-context", MemorySink, config_keys=MemorySink.CONFIG_KEYS)
+
+
+@hookimpl
+def laminar_conformance_context(connector, role, workdir):
+    return Context(workdir) if (connector, role) == ("installed-memory", "sink") else None
+"""
+
+
+def test_an_installed_plugin_is_checked_through_its_own_context(tmp_path, install_distribution):
+    site = install_distribution(
+        "laminar-plugin-installed",
+        modules={"installed_plugin": PLUGIN_SOURCE},
+        plugins={"installed": "installed_plugin"},
+    )
+    result = conformance("run", "installed-memory", "--seed", "3", cwd=tmp_path, path=site)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    assert "sink 'installed-memory' from laminar-plugin-installed 1.0.0" in result.stdout
+
+
+def test_a_plugin_without_a_context_fails_saying_which_hook_to_write(
+    tmp_path, install_distribution
+):
+    site = install_distribution(
+        "laminar-plugin-installed",
+        modules={"installed_plugin": PLUGIN_SOURCE},
+        plugins={"installed": "installed_plugin"},
+    )
+    result = conformance("run", "no-context", "--seed", "3", cwd=tmp_path, path=site)
+    assert result.returncode == 1
+    assert "implement the hook laminar_conformance_context in the plugin" in result.stdout
+
+
+def test_a_context_lacking_a_method_is_named(tmp_path):
+    class Incomplete:
+        def config(self): ...
+
+    class Plugin:
+        @hookimpl
+        def laminar_conformance_context(self, connector, role, workdir):
+            return Incomplete() if connector == "null" else None
+
+    plugins = ConformancePlugins.load([Plugin()])
+    with pytest.raises(PluginError, match="lacks batch, committed_ids, close"):
+        plugins.context("null", ConnectorRole.SINK, tmp_path)
+    assert plugins.context("memory", ConnectorRole.SINK, tmp_path).committed_ids() == []
+
+
+def test_the_generated_module_adopts_the_suite_in_one_class():
+    plugins = ConformancePlugins.load()
+    spec = plugins.registry.get("generator", ConnectorRole.SOURCE)
+    source = generated_module(spec, ["my_plugin"], "laminar conformance run generator")
+    assert "from laminar_conformance.source import SourceSuite" in source
+    assert "class TestGeneratorSource(SourceSuite):" in source
+    assert "    connector = 'generator'" in source
+    assert "    plugins = (importlib.import_module('my_plugin'),)" in source
+    compile(source, "generated.py", "exec")
+
+
+def test_the_commands_plug_into_an_argparse_command():
+    parser = argparse.ArgumentParser(prog="laminar")
+    add_conformance_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(
+        ["conformance", "run", "memory", "--role", "sink", "--profile", "full", "--seed", "9"]
+    )
+    assert (args.connector, args.role, args.profile, args.seed) == ("memory", "sink", "full", 9)
+    assert callable(args.handler)
