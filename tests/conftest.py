@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import pytest
 from hypothesis import settings
 
+from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP
+
 # `dev` explores; `ci` is derandomized so a CI failure reproduces on any machine.
 settings.register_profile("dev", max_examples=100)
 settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -41,7 +43,8 @@ def install_distribution(
 
     ``install_distribution("laminar-plugin-x", modules={"x_plugin": "..."},
     plugins={"x": "x_plugin"})`` writes ``x_plugin.py`` and a ``.dist-info`` directory with the
-    ``laminar_sdk.plugins`` entry points, then puts the directory on ``sys.path``:
+    entry points (of ``group``, by default ``laminar_sdk.plugins``), then puts the directory on
+    ``sys.path``:
     ``importlib.metadata`` finds it exactly as it finds a pip-installed plugin.
     """
     site = tmp_path / "site-packages"
@@ -54,6 +57,7 @@ def install_distribution(
         *,
         modules: Mapping[str, str],
         plugins: Mapping[str, str],
+        group: str = PLUGIN_ENTRY_POINT_GROUP,
         version: str = "1.0.0",
     ) -> Path:
         for module, source in modules.items():
@@ -65,9 +69,7 @@ def install_distribution(
             f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
         )
         lines = [f"{plugin} = {target}" for plugin, target in plugins.items()]
-        (dist_info / "entry_points.txt").write_text(
-            "[laminar_sdk.plugins]\n" + "\n".join(lines) + "\n"
-        )
+        (dist_info / "entry_points.txt").write_text(f"[{group}]\n" + "\n".join(lines) + "\n")
         importlib.invalidate_caches()
         return site
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 
@@ -87,48 +87,48 @@ _PLUGIN = textwrap.dedent(
 )
 
 
-def _install(site: Path, distribution: str, entry_points: Mapping[str, str]) -> None:
-    info = site / f"{distribution.replace('-', '_')}-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: 1.0\n")
-    lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[{CHECKPOINTER_ENTRY_POINT_GROUP}]\n{lines}")
+InstallStore = Callable[..., Path]
 
 
 @pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    site = tmp_path / "site-packages"
-    site.mkdir()
-    (site / "laminar_store_demo.py").write_text(_PLUGIN)
-    monkeypatch.syspath_prepend(str(site))
-    yield site
-    sys.modules.pop("laminar_store_demo", None)
+def install_store(install_distribution: Callable[..., Path]) -> Callable[..., Path]:
+    def install(distribution: str, entry_points: Mapping[str, str]) -> Path:
+        return install_distribution(
+            distribution,
+            modules={"laminar_store_demo": _PLUGIN},
+            plugins=entry_points,
+            group=CHECKPOINTER_ENTRY_POINT_GROUP,
+        )
+
+    return install
 
 
-def test_a_third_party_store_is_found_like_the_built_ins(site: Path) -> None:
-    _install(site, "laminar-store-demo", {"demo": "laminar_store_demo:DemoCheckpointer"})
+def test_a_third_party_store_is_found_like_the_built_ins(
+    install_store: Callable[..., Path],
+) -> None:
+    install_store("laminar-store-demo", {"demo": "laminar_store_demo:DemoCheckpointer"})
     assert "demo" in installed_checkpointers()
     store = open_checkpointer("demo://x", store="demo", options={"a": "1"})
     assert type(store).__name__ == "DemoCheckpointer"
     assert store.options == {"a": "1"}  # type: ignore[attr-defined]
 
 
-def test_two_distributions_with_one_name_are_an_error(site: Path) -> None:
-    _install(site, "laminar-store-one", {"twin": "laminar_store_demo:DemoCheckpointer"})
-    _install(site, "laminar-store-two", {"twin": "laminar_store_demo:not_a_store"})
+def test_two_distributions_with_one_name_are_an_error(install_store: InstallStore) -> None:
+    install_store("laminar-store-one", {"twin": "laminar_store_demo:DemoCheckpointer"})
+    install_store("laminar-store-two", {"twin": "laminar_store_demo:not_a_store"})
     with pytest.raises(PluginError, match="laminar-store-one and laminar-store-two") as failure:
         open_checkpointer("memory://x")
     assert failure.value.distribution == "laminar-store-two"
 
 
-def test_a_store_that_fails_to_import_is_named(site: Path) -> None:
-    _install(site, "laminar-store-broken", {"broken": "laminar_store_missing:Store"})
+def test_a_store_that_fails_to_import_is_named(install_store: InstallStore) -> None:
+    install_store("laminar-store-broken", {"broken": "laminar_store_missing:Store"})
     with pytest.raises(PluginError, match=r"'broken' from distribution laminar-store-broken"):
         open_checkpointer("x", store="broken")
 
 
-def test_a_factory_must_return_a_checkpointer(site: Path) -> None:
-    _install(site, "laminar-store-bad", {"bad": "laminar_store_demo:not_a_store"})
+def test_a_factory_must_return_a_checkpointer(install_store: InstallStore) -> None:
+    install_store("laminar-store-bad", {"bad": "laminar_store_demo:not_a_store"})
     with pytest.raises(PluginError, match="returned object, not a Checkpointer"):
         open_checkpointer("x", store="bad")
 
