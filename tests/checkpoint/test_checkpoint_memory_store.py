@@ -6,12 +6,13 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from blob_access import BlobRawAccess
 from laminar_conformance.checkpointer import CheckpointerContext, CheckpointerSuite, run
 
 from laminar_sdk import CheckpointError, CheckpointId, MemoryCheckpointer
 
 
-class MemoryContext(CheckpointerContext):
+class MemoryContext(BlobRawAccess, CheckpointerContext):
     def __init__(self) -> None:
         self.location = f"memory://test-{uuid.uuid4().hex}"
         # Raw access goes through a private instance's primitives: nothing else reaches the
@@ -20,16 +21,6 @@ class MemoryContext(CheckpointerContext):
 
     def open(self) -> MemoryCheckpointer:
         return MemoryCheckpointer(self.location)
-
-    async def read_raw(self, path: str) -> bytes:
-        data, _ = await self._raw._read(path)
-        return data
-
-    async def write_raw(self, path: str, data: bytes) -> None:
-        await self._raw._write(path, data)
-
-    async def delete_raw(self, path: str) -> None:
-        await self._raw._delete(path)
 
 
 class TestMemoryCheckpointer(CheckpointerSuite):

@@ -6,6 +6,7 @@ import uuid
 
 import obstore
 import pytest
+from blob_access import BlobRawAccess
 from laminar_conformance.checkpointer import (
     CheckpointerContext,
     CheckpointerSuite,
@@ -22,7 +23,7 @@ from laminar_sdk._checkpointing.object_store import ObjectStoreCheckpointer
 SECRET = "s3cr3t-value-never-shown"
 
 
-class ObjectContext(CheckpointerContext):
+class ObjectContext(BlobRawAccess, CheckpointerContext):
     def __init__(self, endpoint: S3Endpoint) -> None:
         self.location = endpoint.location(f"test-{uuid.uuid4().hex}")
         self.options = endpoint.checkpointer_options()
@@ -32,16 +33,6 @@ class ObjectContext(CheckpointerContext):
         store = open_checkpointer(self.location, options=self.options)
         assert isinstance(store, ObjectStoreCheckpointer)
         return store
-
-    async def read_raw(self, path: str) -> bytes:
-        data, _ = await self._raw._read(path)
-        return data
-
-    async def write_raw(self, path: str, data: bytes) -> None:
-        await self._raw._write(path, data)
-
-    async def delete_raw(self, path: str) -> None:
-        await self._raw._delete(path)
 
 
 class TestObjectStoreCheckpointer(CheckpointerSuite):
