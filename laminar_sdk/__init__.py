@@ -67,6 +67,7 @@ from laminar_sdk._errors import (
     WriteError,
 )
 from laminar_sdk._hookspecs import hookimpl, hookspec
+from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
 from laminar_sdk._pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
 from laminar_sdk._plugins import (
     ALLOWLIST_VARIABLE,
@@ -129,6 +130,7 @@ __all__ = [
     "ConnectorSpec",
     "DeliveryGuarantee",
     "DeliveryGuaranteeWarning",
+    "DistributedCommitSink",
     "EpochCoordinator",
     "EpochResult",
     "EvolutionVerdict",
@@ -142,6 +144,7 @@ __all__ = [
     "LaminarError",
     "MemoryCheckpointer",
     "PartitionInfo",
+    "PartitionRange",
     "PartitionSnapshotEntry",
     "Pipeline",
     "PipelineReport",
@@ -149,6 +152,7 @@ __all__ = [
     "PluginError",
     "ProtocolStep",
     "PruneResult",
+    "RangeReadableSource",
     "ReadError",
     "RecoveredCheckpoint",
     "RegisteredSchema",

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._config import ConnectorConfig
+from laminar_sdk._parallel import DistributedCommitSink, RangeReadableSource
 from laminar_sdk._schema import (
     SchemaEvolvable,
     SchemaInferable,
@@ -112,6 +113,14 @@ class SourceConnector(ABC):
 
     def as_schema_evolvable(self) -> SchemaEvolvable | None:
         """This source as a :class:`SchemaEvolvable`, if it is one. Default: ``None``."""
+        return None
+
+    def as_range_readable(self) -> RangeReadableSource | None:
+        """This source as a :class:`RangeReadableSource`, if it is one. Default: ``None``.
+
+        Offer it to be read in parallel by Spark's executors, each partition of a micro-batch
+        in its own task; see :mod:`laminar_sdk._parallel` and CONTRIBUTING.md.
+        """
         return None
 
     def supports_replay(self) -> bool:
@@ -213,6 +222,14 @@ class SinkConnector(ABC):
     def capabilities(self) -> SinkConnectorCapabilities:
         """What this sink promises. Default: nothing beyond at-least-once."""
         return SinkConnectorCapabilities()
+
+    def as_distributed_commit(self) -> DistributedCommitSink | None:
+        """This sink as a :class:`DistributedCommitSink`, if it is one. Default: ``None``.
+
+        Offer it to be written by Spark's executors in parallel, each task staging its share
+        of an epoch and one commit publishing them together; see CONTRIBUTING.md.
+        """
+        return None
 
     def as_schema_registry_aware(self) -> SchemaRegistryAware | None:
         """This sink as a :class:`SchemaRegistryAware`, if it is one. Default: ``None``."""
