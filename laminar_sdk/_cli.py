@@ -15,6 +15,7 @@ from laminar_sdk._errors import ConfigurationError, LaminarError
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
+from laminar_sdk._scaffold import create_plugin_project, next_steps
 from laminar_sdk._terminal import format_table
 
 
@@ -102,6 +103,20 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir)
 
 
+def _new_plugin(args: argparse.Namespace) -> int:
+    project = create_plugin_project(args.name, args.directory, force=args.force)
+    names = project.names
+    print(
+        f"laminar: created plugin {names.name!r} ({names.distribution}, package "
+        f"{names.package}) in {project.directory}"
+    )
+    for created in project.files:
+        print(f"  {'replaced' if created.replaced else 'created':<8}  {created.path.as_posix()}")
+    print("next steps:")
+    print("\n".join(f"  {step}" for step in next_steps(project)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``laminar`` command."""
     parser = argparse.ArgumentParser(
@@ -135,6 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--workdir", type=Path, help="where to put it (default: a new temp dir)")
     demo.set_defaults(handler=_demo)
+
+    new_plugin = commands.add_parser(
+        "new-plugin",
+        help="start a third-party plugin project: a source, a sink, conformance tests and CI",
+        description=(
+            "Create a plugin project, laminar-plugin-NAME: a working source and exactly-once "
+            "sink against a local directory (the places to change for your system are marked "
+            "REPLACE), the conformance kit adopted in its tests, tox and a CI workflow."
+        ),
+    )
+    new_plugin.add_argument(
+        "name",
+        metavar="NAME",
+        help="the plugin's name: lowercase letters, digits, '-' and '_' (such as acme)",
+    )
+    new_plugin.add_argument(
+        "--directory",
+        type=Path,
+        metavar="DIR",
+        help="where to create it (default: ./laminar-plugin-NAME); must be empty unless --force",
+    )
+    new_plugin.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty directory, replacing files of the same names",
+    )
+    new_plugin.set_defaults(handler=_new_plugin)
 
     add_checkpoint_commands(commands)
     _add_conformance_commands(commands)

@@ -1,0 +1,402 @@
+"""``laminar new-plugin``: the project it generates installs, passes the conformance kit, lints."""
+
+from __future__ import annotations
+
+import configparser
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from laminar_sdk._cli import main
+from laminar_sdk._scaffold import PluginNames
+
+NAME = "acme"
+PACKAGE = "laminar_plugin_acme"
+PROJECT_FILES = {
+    ".github/workflows/ci.yml",
+    ".gitignore",
+    "README.md",
+    "pyproject.toml",
+    "tox.ini",
+    f"{PACKAGE}/__init__.py",
+    f"{PACKAGE}/_conformance.py",
+    f"{PACKAGE}/_records.py",
+    f"{PACKAGE}/_sink.py",
+    f"{PACKAGE}/_source.py",
+    f"{PACKAGE}/py.typed",
+    "tests/test_conformance.py",
+}
+LONGEST_NAME = "long-" + "n" * 27
+STAGING_RENAME = "            staged.rename(committed)\n"
+SEED = "7"
+
+
+def files_in(directory: Path) -> set[str]:
+    return {
+        path.relative_to(directory).as_posix() for path in directory.rglob("*") if path.is_file()
+    }
+
+
+def new_plugin(*arguments: str) -> int:
+    return main(["new-plugin", *arguments])
+
+
+# The command, and the files it writes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "Acme", "acme db", "1acme", "-acme", "acme-", "acme--db", "acme.db", "ácme", "a" * 33],
+)
+def test_an_invalid_name_is_refused_saying_what_a_name_may_be(tmp_path, capsys, name):
+    target = tmp_path / "project"
+    assert new_plugin("--directory", str(target), "--", name) == 2
+    err = capsys.readouterr().err
+    assert f"laminar: error: {name!r} cannot name a plugin: use lowercase letters and digits" in err
+    assert "at most 32 characters" in err
+    assert not target.exists()
+
+
+def test_a_name_with_the_distribution_prefix_is_refused_with_the_name_to_give(tmp_path, capsys):
+    assert new_plugin("laminar-plugin-acme", "--directory", str(tmp_path / "p")) == 2
+    assert "without the 'laminar-plugin-' prefix: `laminar new-plugin acme`" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_name_an_installed_plugin_registers_is_refused(tmp_path, capsys):
+    # `memory` is the SDK's reference connector: a plugin of the same name could not be
+    # installed next to it.
+    assert new_plugin("memory", "--directory", str(tmp_path / "p")) == 2
+    err = capsys.readouterr().err
+    assert "a connector named 'memory' is already installed (from laminar-sdk)" in err
+    assert not (tmp_path / "p").exists()
+
+
+ACME_PLUGIN = """
+import pyarrow as pa
+from laminar_sdk import SinkConnector, WriteResult, hookimpl
+
+
+class Sink(SinkConnector):
+    async def open(self, config):
+        pass
+
+    async def write_batch(self, batch):
+        return WriteResult(batch.num_rows)
+
+    def schema(self):
+        return pa.schema([("id", pa.int64())])
+
+    async def close(self):
+        pass
+
+
+@hookimpl
+def laminar_register_connectors(registry):
+    registry.add_sink("acme", Sink)
+"""
+
+
+def test_a_name_another_installed_distribution_registers_is_refused(
+    install_distribution, tmp_path, capsys
+):
+    install_distribution(
+        "laminar-plugin-elsewhere", modules={"elsewhere": ACME_PLUGIN}, plugins={"x": "elsewhere"}
+    )
+    assert new_plugin(NAME, "--directory", str(tmp_path / "p")) == 2
+    err = capsys.readouterr().err
+    assert "a connector named 'acme' is already installed (from laminar-plugin-elsewhere)" in err
+
+
+def test_the_project_s_own_installed_plugin_does_not_block_regenerating_it(
+    install_distribution, tmp_path
+):
+    install_distribution(
+        "laminar-plugin-acme",
+        modules={"acme_installed": ACME_PLUGIN},
+        plugins={NAME: "acme_installed"},
+    )
+    target = tmp_path / "p"
+    assert new_plugin(NAME, "--directory", str(target)) == 0
+    assert new_plugin(NAME, "--directory", str(target), "--force") == 0
+    assert files_in(target) == PROJECT_FILES
+
+
+def test_the_names_derive_from_the_plugin_name():
+    names = PluginNames.parse("acme_db-2")
+    assert names == PluginNames(
+        name="acme_db-2",
+        distribution="laminar-plugin-acme-db-2",
+        package="laminar_plugin_acme_db_2",
+        title="AcmeDb2",
+    )
+
+
+def test_a_project_is_created_with_its_entry_point_tox_ci_and_next_steps(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    assert new_plugin(NAME) == 0
+    project = tmp_path / "laminar-plugin-acme"
+    assert files_in(project) == PROJECT_FILES
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "laminar: created plugin 'acme' (laminar-plugin-acme, package laminar_plugin_acme) in "
+        "laminar-plugin-acme\n"
+    )
+    for path in PROJECT_FILES:
+        assert f"  created   {path}\n" in out
+    steps = out.split("next steps:\n")[1]
+    assert steps.startswith("  cd laminar-plugin-acme\n  git init\n")
+    for command in ("python -m pip install -e .", "laminar plugins list", "tox"):
+        assert f"\n  {command} " in steps
+    assert "  laminar conformance run acme --role source\n" in steps
+    assert "  laminar conformance run acme --role sink\n" in steps
+
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == "laminar-plugin-acme"
+    assert pyproject["project"]["entry-points"] == {"laminar_sdk.plugins": {NAME: PACKAGE}}
+    assert pyproject["tool"]["mypy"]["strict"] is True
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(project / "tox.ini")
+    commands = tox["testenv:conformance"]["commands"].split("\n")
+    assert [command.split(" --junitxml")[0] for command in commands if command] == [
+        "laminar conformance run acme --role source --profile quick",
+        "laminar conformance run acme --role sink --profile quick",
+        "pytest {posargs}",
+    ]
+    assert tox["tox"]["env_list"] == "conformance"
+
+    workflow = (project / ".github/workflows/ci.yml").read_text()
+    steps_in_order = [
+        "actions/checkout@",
+        "actions/setup-python@",
+        'python-version: "3.11"',
+        "actions/setup-java@",
+        'java-version: "17"',
+        "run: python -m pip install tox",
+        "run: tox",
+    ]
+    positions = [workflow.index(step) for step in steps_in_order]
+    assert positions == sorted(positions)
+
+    tests = (project / "tests/test_conformance.py").read_text()
+    assert 'class TestAcmeSink(SinkSuite):\n    """' in tests
+    assert 'class TestAcmeSource(SourceSuite):\n    """' in tests
+    assert tests.count('    connector = "acme"\n') == 2
+
+
+def test_an_empty_directory_is_used(tmp_path):
+    target = tmp_path / "empty"
+    target.mkdir()
+    assert new_plugin(NAME, "--directory", str(target)) == 0
+    assert files_in(target) == PROJECT_FILES
+
+
+def test_a_non_empty_directory_is_refused_without_force(tmp_path, capsys):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    assert new_plugin(NAME, "--directory", str(target)) == 2
+    err = capsys.readouterr().err
+    assert f"{target} exists and is not empty" in err
+    assert "--force" in err
+    assert files_in(target) == {"notes.txt"}
+
+
+def test_force_replaces_the_generated_files_and_keeps_the_others(tmp_path, capsys):
+    target = tmp_path / "mine"
+    assert new_plugin(NAME, "--directory", str(target)) == 0
+    generated = (target / "README.md").read_text()
+    (target / "README.md").write_text("edited")
+    (target / "notes.txt").write_text("keep me")
+    capsys.readouterr()
+    assert new_plugin(NAME, "--directory", str(target), "--force") == 0
+    out = capsys.readouterr().out
+    assert "  replaced  README.md\n" in out
+    assert "  created " not in out
+    assert (target / "README.md").read_text() == generated
+    assert (target / "notes.txt").read_text() == "keep me"
+    assert files_in(target) == PROJECT_FILES | {"notes.txt"}
+
+
+def test_a_file_in_place_of_the_directory_is_refused(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("a file")
+    assert new_plugin(NAME, "--directory", str(target), "--force") == 2
+    assert f"{target} is a file, not a directory" in capsys.readouterr().err
+    assert target.read_text() == "a file"
+
+
+# The generated code: lint and types ----------------------------------------------------------
+
+
+def generated(tmp_path: Path, name: str) -> Path:
+    project = tmp_path / name
+    assert new_plugin(name, "--directory", str(project)) == 0
+    return project
+
+
+def tool(module: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(
+            f"{module} is not installed in this environment (the tox `tests` env has none; the "
+            "dev venv has it), so the generated code is not checked with it here"
+        )
+    return subprocess.run(
+        [sys.executable, "-m", module, *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [NAME, LONGEST_NAME])
+def test_the_generated_code_is_ruff_clean_with_its_own_config(tmp_path, name):
+    project = generated(tmp_path, name)
+    lint = tool("ruff", "check", "--no-cache", ".", cwd=project)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    layout = tool("ruff", "format", "--no-cache", "--check", ".", cwd=project)
+    assert layout.returncode == 0, layout.stdout + layout.stderr
+
+
+@pytest.mark.slow
+def test_the_generated_code_is_mypy_strict_clean(tmp_path):
+    project = generated(tmp_path, NAME)
+    checked = tool("mypy", "--cache-dir", str(tmp_path / "mypy-cache"), cwd=project)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "no issues found in 6 source files" in checked.stdout
+
+
+# The generated plugin, installed with pip ------------------------------------------------------
+
+
+def pip_install(project: Path, target: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         "--no-deps", "--target", str(target), str(project)],
+        check=True,
+    )  # fmt: skip
+
+
+def environment(site: Path) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def laminar(site: Path, *arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", *arguments],
+        env=environment(site),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """The generated ``acme`` project, and the directory pip installed it into."""
+    root = tmp_path_factory.mktemp("scaffold")
+    project = generated(root, NAME)
+    site = root / "site"
+    pip_install(project, site)
+    return project, site
+
+
+@pytest.mark.slow
+def test_the_installed_plugin_is_listed_with_its_distribution(installed, tmp_path):
+    _, site = installed
+    listing = laminar(site, "plugins", "list", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split() for line in listing.stdout.splitlines() if line.startswith(f"{NAME} ")]
+    assert rows == [
+        [NAME, "sink", "laminar-plugin-acme", "0.1.0", "exactly_once,two_phase_commit"],
+        [NAME, "source", "laminar-plugin-acme", "0.1.0", "replay"],
+    ]
+
+
+@pytest.mark.slow
+def test_the_installed_plugin_does_not_import_the_conformance_kit(installed, tmp_path):
+    _, site = installed
+    script = (
+        "import sys\n"
+        "from laminar_sdk import load_connector_registry\n"
+        "registry = load_connector_registry()\n"
+        f"assert registry.create_sink({NAME!r}).capabilities().exactly_once\n"
+        "print(sorted(name for name in sys.modules if name.startswith('laminar_')))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        env=environment(site),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert PACKAGE in run.stdout, "the plugin was not loaded through its entry point"
+    assert "laminar_conformance" not in run.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("role", ["source", "sink"])
+def test_the_generated_connectors_pass_the_conformance_kit(installed, tmp_path, role):
+    _, site = installed
+    run = laminar(
+        site, "conformance", "run", NAME, "--role", role, "--profile", "quick", "--no-spark",
+        "--seed", SEED, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr
+    assert f"{role} 'acme' from laminar-plugin-acme 0.1.0" in run.stdout
+    assert "laminar conformance: every applicable check passed" in run.stdout
+    assert " PASSED" in run.stdout
+
+
+@pytest.mark.slow
+def test_the_generated_project_s_own_tests_pass(installed):
+    project, site = installed
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--hypothesis-seed", SEED],
+        cwd=project,
+        env=environment(site),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr
+    for check in (
+        "TestAcmeSink::test_epoch_protocol_state_machine",
+        "TestAcmeSink::test_delivery_survives_any_faults",
+        "TestAcmeSource::test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ):
+        assert f"tests/test_conformance.py::{check} PASSED" in run.stdout
+
+
+@pytest.mark.slow
+def test_the_kit_fails_the_generated_sink_without_its_staging_rename(installed, tmp_path):
+    _, site = installed
+    broken = tmp_path / "site"
+    shutil.copytree(site, broken)
+    sink = broken / PACKAGE / "_sink.py"
+    source = sink.read_text()
+    assert source.count(STAGING_RENAME) == 1, "the sink's commit is no longer one staging rename"
+    sink.write_text(source.replace(STAGING_RENAME, ""))
+    run = laminar(
+        broken, "conformance", "run", NAME, "--role", "sink", "--no-spark", "--seed", SEED,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout[-4000:] + run.stderr
+    assert "not delivered exactly once: lost ids" in run.stdout, run.stdout[-4000:]
+    assert "check(s) failed" in run.stderr
