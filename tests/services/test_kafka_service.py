@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import warnings
 
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from laminar_conformance.services import (
     KAFKA_BOOTSTRAP_VARIABLE,
+    KafkaService,
     LocalKafka,
     ServiceError,
     ServiceProvider,
     choose_kafka_provider,
+    docker_engine_available,
+    free_port,
+    resolve_maven_jars,
 )
+from laminar_conformance.services import _kafka as kafka_module
 
 
 def no_docker() -> bool:
@@ -43,6 +51,27 @@ def test_a_container_when_a_docker_engine_answers():
 
 def test_the_local_launcher_otherwise():
     assert choose_kafka_provider({}, no_docker) is ServiceProvider.LOCAL
+
+
+def test_the_helpers_other_code_uses_are_exported():
+    assert callable(resolve_maven_jars)
+    port = free_port()
+    assert 1024 <= port <= 65535
+
+
+def test_probing_for_docker_without_an_engine_leaks_no_socket(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path / 'no-engine.sock'}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        assert docker_engine_available() is False
+        gc.collect()  # an unclosed socket would be reported (and raised) here
+
+
+def test_only_a_broker_started_here_can_be_restarted():
+    service = KafkaService("kafka-1:9092", ServiceProvider.EXTERNAL)
+    assert not service.restartable
+    with pytest.raises(ServiceError, match="only a broker started by the local launcher"):
+        service.restart()
 
 
 def test_missing_java_is_a_clear_error(monkeypatch, tmp_path):
@@ -93,6 +122,26 @@ def test_local_broker_serves_clients_survives_a_restart_and_leaves_nothing_behin
         pid = broker._process.pid  # checking the process is really gone
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.slow
+def test_a_broker_started_from_a_short_lived_thread_outlives_the_thread(monkeypatch, tmp_path):
+    # PR_SET_PDEATHSIG fires when the *thread* that forked the broker ends; the launcher forks
+    # from a thread that lives as long as the process. The cluster id starts with "-", which
+    # kafka-storage takes for an option unless it is given as --cluster-id=ID; and the work
+    # directory does not exist yet.
+    monkeypatch.setattr(kafka_module, "_cluster_id", lambda: "-" + "A" * 21)
+    broker = LocalKafka(workdir=tmp_path / "not" / "there")
+    started = threading.Thread(target=broker.start)
+    started.start()
+    started.join()
+    try:
+        assert broker._process is not None, "the broker did not start"
+        time.sleep(2)  # a broker tied to the ended thread is SIGKILLed at once
+        assert broker._process.poll() is None, "the broker died with the thread that started it"
+        assert produce_and_count(broker.bootstrap_servers, "events", produce=3) == 3
+    finally:
+        broker.close()
 
 
 @pytest.mark.slow

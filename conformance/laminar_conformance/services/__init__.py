@@ -15,10 +15,13 @@ from laminar_conformance.services._kafka import (
     ServiceProvider,
     choose_kafka_provider,
     docker_engine_available,
+    free_port,
     kafka_service,
+    resolve_kafka_jars,
+    resolve_maven_jars,
 )
 from laminar_conformance.services._moto_s3 import S3Endpoint, moto_s3_server
-from laminar_conformance.services._process import ServiceError, die_with_parent
+from laminar_conformance.services._process import ServiceError, die_with_parent, spawn
 
 __all__ = [
     "KAFKA_BOOTSTRAP_VARIABLE",
@@ -31,6 +34,10 @@ __all__ = [
     "choose_kafka_provider",
     "die_with_parent",
     "docker_engine_available",
+    "free_port",
     "kafka_service",
     "moto_s3_server",
+    "resolve_kafka_jars",
+    "resolve_maven_jars",
+    "spawn",
 ]

@@ -3,7 +3,8 @@
 The local launcher resolves Apache Kafka's own jars from Maven Central with ``mvn`` into a cache
 directory (once), formats a KRaft log directory and starts one combined broker/controller node
 with ``java`` on free loopback ports. The broker dies with the process that started it, even if
-that process is killed.
+that process is killed: it is forked from the kit's long-lived spawner thread (see
+:mod:`laminar_conformance.services._process` for why a thread, not the process, matters).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import urlparse
 
-from laminar_conformance.services._process import ServiceError, die_with_parent
+from laminar_conformance.services._process import ServiceError, spawn
 
 KAFKA_VERSION = "4.1.1"
 """The Apache Kafka release the local launcher runs."""
@@ -51,10 +53,58 @@ class ServiceProvider(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class KafkaService:
-    """A running Kafka cluster: where to connect and where it came from."""
+    """A running Kafka cluster: where to connect and where it came from.
+
+    :param bootstrap_servers: ``host:port[,host:port]`` of the brokers.
+    :param provider: where the cluster came from.
+    :param local: the broker process when this package started it (``LOCAL``), else ``None``.
+    """
 
     bootstrap_servers: str
     provider: ServiceProvider
+    local: LocalKafka | None = None
+
+    @property
+    def restartable(self) -> bool:
+        """Whether :meth:`restart` can restart the broker (only one this package started)."""
+        return self.local is not None
+
+    def restart(self, *, graceful: bool = True) -> None:
+        """Stop and start the broker on the same ports and data, as a crash and recovery would.
+
+        :param graceful: SIGTERM and wait, or (``False``) SIGKILL at once.
+        :raises ServiceError: for an external cluster or a container, which this package does
+            not control.
+        """
+        if self.local is None:
+            raise ServiceError(
+                f"cannot restart the Kafka from {self.provider.value}: only a broker started "
+                f"by the local launcher can be restarted (unset {KAFKA_BOOTSTRAP_VARIABLE})"
+            )
+        self.local.restart(graceful=graceful)
+
+
+_DOCKER_SOCKET = "/var/run/docker.sock"
+_DOCKER_PROBE_TIMEOUT_S = 3.0
+
+
+def _docker_socket_answers(environ: Mapping[str, str]) -> bool:
+    """Whether the engine's Unix socket accepts a connection (``True`` for other transports).
+
+    Probed here, with the socket closed whatever happens, because the docker client leaves
+    the socket of a failed connection open (a ``ResourceWarning`` in the caller's tests).
+    """
+    host = environ.get("DOCKER_HOST", "").strip() or f"unix://{_DOCKER_SOCKET}"
+    if not host.startswith("unix://"):
+        return True  # tcp:// or ssh://: the client's own ping decides
+    path = urlparse(host).path or _DOCKER_SOCKET
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_DOCKER_PROBE_TIMEOUT_S)
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def docker_engine_available() -> bool:
@@ -63,11 +113,17 @@ def docker_engine_available() -> bool:
         import docker  # noqa: PLC0415 - optional, only with testcontainers
     except ImportError:
         return False
+    if not _docker_socket_answers(os.environ):
+        return False
+    client = None
     try:
-        client = docker.from_env(timeout=3)
+        client = docker.from_env(timeout=int(_DOCKER_PROBE_TIMEOUT_S))
         client.ping()
     except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine"
         return False
+    finally:
+        if client is not None:
+            client.close()
     return True
 
 
@@ -88,7 +144,11 @@ def choose_kafka_provider(
 
 @contextlib.contextmanager
 def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaService]:
-    """Provide a Kafka cluster for the duration of the block, and clean up after it."""
+    """Provide a Kafka cluster for the duration of the block, and clean up after it.
+
+    A broker started here (``provider`` ``LOCAL``) can be restarted through
+    :meth:`KafkaService.restart`, from any thread.
+    """
     env = os.environ if environ is None else environ
     provider = choose_kafka_provider(env, docker_engine_available)
     if provider is ServiceProvider.EXTERNAL:
@@ -100,7 +160,7 @@ def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaSer
             yield KafkaService(container.get_bootstrap_server(), provider)
     else:
         with LocalKafka() as broker:
-            yield KafkaService(broker.bootstrap_servers, provider)
+            yield KafkaService(broker.bootstrap_servers, provider, broker)
 
 
 def _cache_root() -> Path:
@@ -108,11 +168,19 @@ def _cache_root() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "laminar"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
+
+    Another process may take it before the caller binds it; services started on it fail to
+    start then, with their log, rather than talk to a stranger.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+_free_port = free_port  # the former private name, which some callers import
 
 
 def _java() -> str:
@@ -132,31 +200,51 @@ def _java() -> str:
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>dev.laminar.test</groupId>
-  <artifactId>kafka-broker</artifactId>
+  <artifactId>resolved-jars</artifactId>
   <version>1</version>
+  <dependencyManagement><dependencies>
+{pinned}
+  </dependencies></dependencyManagement>
   <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
-      <version>{kafka}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId>
-      <version>{slf4j}</version>
-    </dependency>
+{dependencies}
   </dependencies>
 </project>
 """
+_DEPENDENCY = """    <dependency>
+      <groupId>{group}</groupId><artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>"""
 
 
-def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -> Path:
-    """Return a directory holding Apache Kafka ``version``'s jars, resolving them if needed.
+def resolve_maven_jars(
+    coordinates: Sequence[str],
+    cache_subdir: str,
+    *,
+    what: str,
+    hint: str = "",
+    pinned: Sequence[str] = (),
+    progress: bool = True,
+) -> Path:
+    """Return a directory holding the jars of ``coordinates`` and their runtime dependencies.
 
-    Resolution runs ``mvn dependency:copy-dependencies`` once per version into the cache
-    directory; later calls return at once. Concurrent callers wait for one another.
+    Resolution runs ``mvn dependency:copy-dependencies`` once into ``cache_subdir`` of the
+    cache directory; later calls return at once. Concurrent callers wait for one another.
 
+    :param coordinates: Maven coordinates, ``group:artifact:version`` each.
+    :param cache_subdir: where under the cache directory the jars go (``kafka/4.1.1``); one
+        directory per set of coordinates.
+    :param what: what the jars are, for messages (``Apache Kafka 4.1.1``).
+    :param hint: appended to the message when Maven is missing (another way to go on).
+    :param pinned: versions forced on dependencies wherever they occur (Maven's
+        ``dependencyManagement``), ``group:artifact:version`` each.
     :raises ServiceError: when Maven is missing or fails, with its output.
+    :raises ValueError: when a coordinate is not ``group:artifact:version``.
     """
-    root = _cache_root() / "kafka" / version
+    if not coordinates or any(c.count(":") != 2 for c in (*coordinates, *pinned)):
+        raise ValueError(
+            f"Maven coordinates must be group:artifact:version, got {[*coordinates, *pinned]}"
+        )
+    root = _cache_root() / cache_subdir
     libs = root / "libs"
     done = root / ".complete"
     if done.exists():
@@ -169,14 +257,14 @@ def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -
         mvn = shutil.which("mvn")
         if mvn is None:
             raise ServiceError(
-                "cannot resolve Kafka's jars: no `mvn` on PATH; install Maven, or point "
-                f"{KAFKA_BOOTSTRAP_VARIABLE} at an existing cluster"
+                f"cannot resolve the jars of {what}: no `mvn` on PATH; install Maven{hint}"
             )
-        (root / "pom.xml").write_text(_POM.format(kafka=version, slf4j=_SLF4J_VERSION))
+        (root / "pom.xml").write_text(
+            _POM.format(dependencies=_dependencies(coordinates), pinned=_dependencies(pinned))
+        )
         if progress:
             print(
-                f"laminar: resolving Apache Kafka {version} jars with Maven into {libs} "
-                "(first run only)...",
+                f"laminar: resolving the jars of {what} with Maven into {libs} (first run only)...",
                 file=sys.stderr,
                 flush=True,
             )
@@ -197,11 +285,34 @@ def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -
         )
         if result.returncode != 0:
             raise ServiceError(
-                f"mvn failed to resolve Apache Kafka {version} (exit {result.returncode}):\n"
+                f"mvn failed to resolve {what} (exit {result.returncode}):\n"
                 f"{(result.stdout + result.stderr)[-2000:]}"
             )
         done.touch()
     return libs
+
+
+def _dependencies(coordinates: Sequence[str]) -> str:
+    return "\n".join(
+        _DEPENDENCY.format(group=group, artifact=artifact, version=version)
+        for group, artifact, version in (coordinate.split(":") for coordinate in coordinates)
+    )
+
+
+def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -> Path:
+    """Return a directory holding Apache Kafka ``version``'s jars, resolving them if needed.
+
+    See :func:`resolve_maven_jars`; the jars go to ``kafka/VERSION`` in the cache directory.
+
+    :raises ServiceError: when Maven is missing or fails, with its output.
+    """
+    return resolve_maven_jars(
+        (f"org.apache.kafka:kafka_2.13:{version}", f"org.slf4j:slf4j-simple:{_SLF4J_VERSION}"),
+        f"kafka/{version}",
+        what=f"Apache Kafka {version}",
+        hint=f", or point {KAFKA_BOOTSTRAP_VARIABLE} at an existing cluster",
+        progress=progress,
+    )
 
 
 class LocalKafka:
@@ -211,8 +322,8 @@ class LocalKafka:
     starts the same node on the same ports and data, as a broker crash and recovery would.
 
     :param version: the Apache Kafka release to run.
-    :param workdir: where the log directory and broker log go (default: a temporary directory,
-        removed on :meth:`stop`).
+    :param workdir: where the log directory and broker log go, created when missing (default:
+        a temporary directory, removed on :meth:`close`).
     :param start_timeout_s: how long :meth:`start` waits for the broker to be ready.
     """
 
@@ -227,8 +338,8 @@ class LocalKafka:
         self._owns_workdir = workdir is None
         self._workdir = workdir or Path(tempfile.mkdtemp(prefix="laminar-kafka-"))
         self._timeout = start_timeout_s
-        self._port = _free_port()
-        self._controller_port = _free_port()
+        self._port = free_port()
+        self._controller_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
         self._formatted = False
 
@@ -283,34 +394,42 @@ class LocalKafka:
         if self._process is not None:
             return self.bootstrap_servers
         libs = resolve_kafka_jars(self._version)
+        self._workdir.mkdir(parents=True, exist_ok=True)
         properties = self._properties()
         if not self._formatted:
-            subprocess.run(
-                self._java_command(
-                    libs,
-                    "kafka.tools.StorageTool",
-                    "format",
-                    "--cluster-id",
-                    _cluster_id(),
-                    "--config",
-                    str(properties),
-                ),
-                capture_output=True,
-                check=True,
+            self._format(libs, properties)
+        with self.log_path.open("ab") as log:
+            started_from = log.tell()
+            # From the spawner thread: the broker dies with this process, not with the thread
+            # that happens to call start() (PR_SET_PDEATHSIG watches the forking thread).
+            self._process = spawn(
+                self._java_command(libs, "kafka.Kafka", str(properties)),
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
-            self._formatted = True
-        log = self.log_path.open("ab")
-        started_from = log.tell()
-        self._process = subprocess.Popen(
-            self._java_command(libs, "kafka.Kafka", str(properties)),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, safe after fork
-        )
-        log.close()
         self._wait_until_started(started_from)
         return self.bootstrap_servers
+
+    def _format(self, libs: Path, properties: Path) -> None:
+        """Format the KRaft log directory with a new cluster id (once per work directory)."""
+        result = subprocess.run(
+            self._java_command(
+                libs,
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={_cluster_id()}",
+                f"--config={properties}",
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServiceError(
+                f"formatting Kafka's log directory failed (exit {result.returncode}):\n"
+                f"{(result.stdout + result.stderr)[-2000:]}"
+            )
+        self._formatted = True
 
     def _wait_until_started(self, log_offset: int) -> None:
         assert self._process is not None

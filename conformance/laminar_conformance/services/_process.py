@@ -1,10 +1,27 @@
-"""What every service process started by the kit shares: errors, and dying with its parent."""
+"""What every service process started by the kit shares: errors, and dying with its parent.
+
+Why services are started from one long-lived thread
+---------------------------------------------------
+:func:`die_with_parent` uses Linux's ``PR_SET_PDEATHSIG``. Despite its name, the "parent" it
+watches is the *thread* that forked the child, not the whole process: the signal is sent when
+that thread exits. A broker started from a short-lived thread (``asyncio.to_thread``, a
+thread-pool worker, a test's helper thread) would be killed the moment that thread finished,
+while the test process goes on. :func:`spawn` therefore forks every service from one daemon
+thread that lives as long as the process, so a service dies exactly when its process does
+(including on ``kill -9``), whichever thread asked for it.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
+import queue
 import signal
+import subprocess
 import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from laminar_sdk import LaminarError
 
@@ -16,10 +33,63 @@ class ServiceError(LaminarError):
 
 
 def die_with_parent(signal_number: signal.Signals = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``signal_number`` to this process when its parent dies.
+    """Ask the kernel to send ``signal_number`` to this process when its parent thread ends.
 
-    Called in a service process (or between fork and exec) so that a test run killed with
-    ``kill -9`` leaves no broker or server behind. Linux only; elsewhere it does nothing.
+    Called in a service process between fork and exec (``preexec_fn``) so that a test run
+    killed with ``kill -9`` leaves no broker or server behind. The kernel watches the *thread*
+    that forked the process, not the whole parent process: fork from a thread that lives as
+    long as the process — :func:`spawn` does. Linux only; elsewhere it does nothing.
     """
     if sys.platform == "linux":
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal_number)
+
+
+_Request = tuple[Callable[[], Any], "concurrent.futures.Future[Any]"]
+_requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+_spawner: threading.Thread | None = None
+_spawner_lock = threading.Lock()
+
+
+def _serve() -> None:
+    while True:
+        call, future = _requests.get()
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(call())
+        except BaseException as error:  # noqa: BLE001 - handed to the caller, who raises it
+            future.set_exception(error)
+
+
+def _on_spawner_thread(call: Callable[[], Any]) -> Any:  # noqa: ANN401 - returns what call does
+    global _spawner  # noqa: PLW0603 - one spawner thread per process, started on first use
+    with _spawner_lock:
+        if _spawner is None or not _spawner.is_alive():
+            _spawner = threading.Thread(target=_serve, name="laminar-service-spawner", daemon=True)
+            _spawner.start()
+    if threading.current_thread() is _spawner:
+        return call()
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    _requests.put((call, future))
+    return future.result()
+
+
+def spawn(arguments: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:  # noqa: ANN401
+    """Start a service process that dies with this process (``SIGKILL``), even on ``kill -9``.
+
+    The process is forked from one daemon thread that lives as long as this process (see the
+    module documentation), with :func:`die_with_parent` between fork and exec, and in a new
+    session (a signal to the caller's process group does not reach it).
+
+    :param arguments: the command line.
+    :param popen: other :class:`subprocess.Popen` arguments (``stdout``, ``env``, ``cwd``...).
+    """
+    process: subprocess.Popen[bytes] = _on_spawner_thread(
+        lambda: subprocess.Popen(
+            list(arguments),
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, safe after fork
+            **popen,
+        )
+    )
+    return process
