@@ -23,9 +23,13 @@ def _capabilities(spec: ConnectorSpec) -> str:
     connector = spec.create()
     if isinstance(connector, SinkConnector):
         names = list(connector.capabilities().names())
+        if connector.as_distributed_commit() is not None:
+            names.append("distributed_commit")
     else:
         assert isinstance(connector, SourceConnector)
         names = ["replay"] if connector.supports_replay() else ["no-replay"]
+        if connector.as_range_readable() is not None:
+            names.append("range_readable")
     return ",".join(names) or "-"
 
 
@@ -100,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from laminar_sdk._demo import run_demo  # noqa: PLC0415 - only this command needs it
 
-    return run_demo(args.workdir)
+    return run_demo(args.workdir, conformance=not args.no_conformance)
 
 
 def _new_plugin(args: argparse.Namespace) -> int:
@@ -149,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="the quick start: an exactly-once pipeline killed and resumed on Spark"
     )
     demo.add_argument("--workdir", type=Path, help="where to put it (default: a new temp dir)")
+    demo.add_argument(
+        "--no-conformance",
+        action="store_true",
+        help="skip the conformance kit's quick run on the files sink at the end",
+    )
     demo.set_defaults(handler=_demo)
 
     new_plugin = commands.add_parser(

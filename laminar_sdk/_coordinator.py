@@ -6,9 +6,16 @@ commit decision: from here on the epoch is committed, whatever happens) → ``co
 every sink → the manifest is saved again with the sinks *committed*. A failure before the
 latest pointer names the manifest rolls the epoch back on every sink.
 
+A sink whose write tasks stage an epoch in parallel (a :class:`DistributedCommitSink`) takes
+another path, in two parts: :func:`stage_task` runs in each write task and returns the task's
+commit descriptor; :meth:`EpochCoordinator.commit_staged` runs once with the descriptors of the
+tasks that succeeded, records them in the manifest with the sink *pending* (the decision, as
+above) and then publishes them with ``commit_aggregated``.
+
 Recovery reads the newest valid manifest: sinks still pending there are committed (the
-decision was taken), and every sink rolls back the epoch after it, which may have been
-pre-committed but never decided. An epoch at or before the manifest's is never written again.
+decision was taken) — with the recorded descriptors for a distributed sink — and every sink
+rolls back the epoch after it, which may have been pre-committed (or staged) but never decided.
+An epoch at or before the manifest's is never written again.
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -28,7 +43,15 @@ from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, SinkEpochStatus
 from laminar_sdk._checkpointing.recovery import load_latest_valid
 from laminar_sdk._connector import SinkConnector
-from laminar_sdk._errors import ConnectorError, InvalidState, LaminarError, SchemaMismatch, Timeout
+from laminar_sdk._errors import (
+    CheckpointError,
+    ConnectorError,
+    InvalidState,
+    LaminarError,
+    SchemaMismatch,
+    Timeout,
+)
+from laminar_sdk._parallel import DistributedCommitSink
 
 logger = logging.getLogger("laminar_sdk.runtime")
 
@@ -41,15 +64,20 @@ class ProtocolStep(enum.Enum):
     """
 
     WRITE = "write"
-    """Before each ``write_batch`` (crash point 1)."""
+    """Before each ``write_batch`` (crash point 1); in a write task, before each batch it
+    hands to ``stage``."""
     PRE_COMMIT = "pre-commit"
-    """After the last write, before ``pre_commit`` (crash point 2)."""
+    """After the last write, before ``pre_commit`` (crash point 2); in a write task, after
+    ``stage`` took the last batch, before it returns."""
     MANIFEST = "manifest"
-    """After ``pre_commit``, before the manifest is durable (crash point 4)."""
+    """After ``pre_commit`` (or every task's ``stage``), before the manifest is durable
+    (crash point 4)."""
     COMMIT = "commit"
-    """After the manifest is durable, before ``commit_epoch`` (crash point 5)."""
+    """After the manifest is durable, before ``commit_epoch`` / ``commit_aggregated`` (crash
+    point 5)."""
     COMMITTED_MANIFEST = "committed-manifest"
-    """After ``commit_epoch``, before the manifest says committed (crash point 7)."""
+    """After ``commit_epoch`` / ``commit_aggregated``, before the manifest says committed
+    (crash point 7)."""
     DONE = "done"
     """After the manifest says committed (crash point 8: the engine may re-deliver)."""
 
@@ -107,6 +135,9 @@ class EpochCoordinator:
     :param sinks: the sinks, opened, by the name recorded in manifests.
     :param policy: call timeouts and retries.
     :param observer: called at each :class:`ProtocolStep`, for fault injection and tracing.
+    :param query_id: the engine's id of the streaming query whose epochs these are (Spark's
+        query id), recorded in every manifest and checked by :meth:`recover`; ``None`` when
+        the engine has none.
     """
 
     def __init__(
@@ -116,13 +147,15 @@ class EpochCoordinator:
         *,
         policy: RetryPolicy | None = None,
         observer: StepObserver | None = None,
+        query_id: str | None = None,
     ) -> None:
         if not sinks:
             raise InvalidState("at least one sink", "no sinks")
         self._checkpointer = checkpointer
         self._sinks = dict(sinks)
         self._policy = policy or RetryPolicy()
-        self._observer = observer or (lambda step, epoch: None)
+        self._observer = observer or _ignore
+        self._query_id = query_id
         self._last: CheckpointManifest | None = None
         self._recovered = False
 
@@ -140,22 +173,28 @@ class EpochCoordinator:
         """Whether ``epoch`` was already committed (a re-delivery must be skipped)."""
         return self._last is not None and epoch <= self._last.epoch
 
-    async def recover(self) -> CheckpointManifest | None:
+    async def recover(self, *, roll_back_next: bool = True) -> CheckpointManifest | None:
         """Bring the sinks to the newest valid checkpoint; call once, before any epoch.
 
         Sinks pending in that checkpoint are committed; the epoch after it is rolled back on
         every sink. Returns the checkpoint's manifest, whose ``source_offsets`` tell sources
         where to resume, or ``None`` when there is none.
 
-        :raises CheckpointError: when checkpoints exist but none is valid.
+        :param roll_back_next: ``False`` leaves the epoch after the checkpoint alone: pass it
+            right before :meth:`commit_staged` of that epoch, whose write tasks have staged it
+            already (``commit_aggregated`` discards whatever other staging it has).
+        :raises CheckpointError: when checkpoints exist but none is valid, or when they
+            belong to another query than ``query_id`` (nothing is touched then).
         """
         recovered = await load_latest_valid(self._checkpointer)
         manifest = None if recovered is None else recovered.manifest
         if manifest is not None:
+            self._check_query(manifest)
             manifest = await self._finish_commit(manifest)
         self._last = manifest
         self._recovered = True
-        await self._rollback_all(self.next_epoch)
+        if roll_back_next:
+            await self._rollback_all(self.next_epoch)
         if manifest is not None:
             logger.info(
                 "recovered at epoch %d (checkpoint %s)", manifest.epoch, manifest.checkpoint_id
@@ -178,23 +217,92 @@ class EpochCoordinator:
         :raises LaminarError: when the epoch fails before its commit decision; it was rolled
             back on every sink and may be run again.
         """
+        if self._skips(epoch):
+            return EpochResult(epoch, 0, skipped=True, commit_latency_s=0.0)
+        try:
+            rows = await self._write_and_prepare(epoch, batches)
+            offsets = source_offsets() if callable(source_offsets) else source_offsets
+            manifest = self._pending_manifest(epoch, offsets, {})
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            await self._rollback_all(epoch)
+            raise
+        return await self._decide_and_commit(manifest, rows)
+
+    async def commit_staged(
+        self,
+        epoch: int,
+        descriptors: Mapping[str, Sequence[str]],
+        *,
+        rows: int = 0,
+        source_offsets: Mapping[str, SourceCheckpoint] | None = None,
+    ) -> EpochResult:
+        """Commit ``epoch``, which write tasks staged with :func:`stage_task`, exactly once.
+
+        Records ``descriptors`` in the epoch's manifest with the sinks pending (the commit
+        decision), then calls each sink's ``commit_aggregated`` with its descriptors. An
+        epoch that is already committed is skipped without a call to any sink. Run
+        :meth:`recover` with ``roll_back_next=False`` first: rolling the epoch back would
+        discard the staging about to be committed.
+
+        :param descriptors: for every sink, the descriptors of the tasks that succeeded;
+            staging no descriptor names (failed attempts, crashed runs) is never published.
+        :param rows: how many rows the tasks staged, for the result.
+        :param source_offsets: where each source resumes *after* this epoch.
+        :raises InvalidState: when a sink is not a distributed-commit sink, or lacks
+            descriptors.
+        :raises LaminarError: when the epoch fails before its commit decision; it was rolled
+            back on every sink and may be staged and committed again.
+        """
+        if self._skips(epoch):
+            return EpochResult(epoch, 0, skipped=True, commit_latency_s=0.0)
+        try:
+            for name, sink in self._sinks.items():
+                _distributed(name, sink)
+                if name not in descriptors:
+                    raise InvalidState(
+                        f"commit descriptors for sink {name!r}", f"sinks {sorted(descriptors)}"
+                    )
+            manifest = self._pending_manifest(epoch, source_offsets or {}, descriptors)
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            await self._rollback_all(epoch)
+            raise
+        return await self._decide_and_commit(manifest, rows)
+
+    def _skips(self, epoch: int) -> bool:
+        """Whether ``epoch`` is a re-delivery of a committed epoch; checks the order."""
         if not self._recovered:
             raise InvalidState("recover() called first", "no recovery run")
         if self.is_committed(epoch):
             logger.info("epoch %d is already committed: skipping its re-delivery", epoch)
-            return EpochResult(epoch, 0, skipped=True, commit_latency_s=0.0)
+            return True
         if self._last is not None and epoch != self.next_epoch:
             raise InvalidState(f"epoch {self.next_epoch}", f"epoch {epoch}")
+        return False
+
+    def _pending_manifest(
+        self,
+        epoch: int,
+        offsets: Mapping[str, SourceCheckpoint],
+        descriptors: Mapping[str, Sequence[str]],
+    ) -> CheckpointManifest:
+        self._observer(ProtocolStep.MANIFEST, epoch)
+        manifest = CheckpointManifest.new(epoch, query_id=self._query_id)
+        for name, checkpoint in offsets.items():
+            manifest = manifest.with_source_offset(name, checkpoint.with_epoch(epoch))
+        for name in self._sinks:
+            manifest = manifest.with_sink_status(name, SinkEpochStatus.PENDING)
+            if name in descriptors:
+                manifest = manifest.with_sink_commit_descriptors(name, descriptors[name])
+        return manifest
+
+    async def _decide_and_commit(self, manifest: CheckpointManifest, rows: int) -> EpochResult:
+        epoch = manifest.epoch
+        started = time.monotonic()
         try:
-            rows = await self._write_and_prepare(epoch, batches)
-            self._observer(ProtocolStep.MANIFEST, epoch)
-            offsets = source_offsets() if callable(source_offsets) else source_offsets
-            manifest = CheckpointManifest.new(epoch)
-            for name, checkpoint in offsets.items():
-                manifest = manifest.with_source_offset(name, checkpoint.with_epoch(epoch))
-            for name in self._sinks:
-                manifest = manifest.with_sink_status(name, SinkEpochStatus.PENDING)
-            started = time.monotonic()
             await self._checkpointer.save_manifest(manifest)
             await self._checkpointer.update_latest(manifest.checkpoint_id)
         except SimulatedCrash:
@@ -208,6 +316,19 @@ class EpochCoordinator:
         self._last = await self._finish_commit(manifest)
         self._observer(ProtocolStep.DONE, epoch)
         return EpochResult(epoch, rows, skipped=False, commit_latency_s=time.monotonic() - started)
+
+    def _check_query(self, manifest: CheckpointManifest) -> None:
+        recorded = manifest.query_id
+        if self._query_id is None or recorded is None or recorded == self._query_id:
+            return
+        raise CheckpointError(
+            f"the checkpoints at {self._checkpointer.location} belong to streaming query "
+            f"{recorded}, up to its epoch {manifest.epoch}, but this is query {self._query_id}, "
+            "whose epochs are numbered afresh: its epochs would be skipped as committed. This "
+            "happens when Spark's checkpointLocation was deleted or changed but not the laminar "
+            "checkpoint location. Delete both to start over, or point "
+            "laminar.checkpoint.location at a new location for the new query"
+        )
 
     async def _write_and_prepare(
         self, epoch: int, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch]
@@ -235,9 +356,15 @@ class EpochCoordinator:
                     f"sink {name!r} of epoch {manifest.epoch} present to finish its commit",
                     f"sinks {sorted(self._sinks)}; restart with the same sinks",
                 )
-            await self._retrying(
-                name, "commit_epoch", functools.partial(sink.commit_epoch, manifest.epoch)
-            )
+            descriptors = manifest.sink_commit_descriptors.get(name)
+            if descriptors is None:
+                commit = functools.partial(sink.commit_epoch, manifest.epoch)
+                await self._retrying(name, "commit_epoch", commit)
+            else:
+                commit = functools.partial(
+                    _distributed(name, sink).commit_aggregated, manifest.epoch, descriptors
+                )
+                await self._retrying(name, "commit_aggregated", commit)
         if not pending:
             return manifest
         self._observer(ProtocolStep.COMMITTED_MANIFEST, manifest.epoch)
@@ -288,6 +415,54 @@ class EpochCoordinator:
                 delay = min(delay * 2, self._policy.max_backoff_s)
             else:
                 return
+
+
+async def stage_task(
+    name: str,
+    sink: SinkConnector,
+    epoch: int,
+    task: str,
+    batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
+    *,
+    observer: StepObserver | None = None,
+) -> str:
+    """Stage ``batches`` as write task ``task``'s share of ``epoch``; return its descriptor.
+
+    The part of the distributed epoch that runs in each write task, on a sink opened there;
+    :meth:`EpochCoordinator.commit_staged` commits the descriptors of all tasks. The observer
+    sees :attr:`ProtocolStep.WRITE` before each batch the sink takes and
+    :attr:`ProtocolStep.PRE_COMMIT` after the last one. A failure leaves staging that no
+    descriptor will name; it is never published.
+
+    :param name: the sink's name, for messages.
+    :param task: unique per attempt and per run (see ``DistributedCommitSink.stage``).
+    :raises InvalidState: when the sink is not a distributed-commit sink.
+    :raises SchemaMismatch: when a batch does not have the sink's schema.
+    """
+    observe = observer or _ignore
+
+    async def observed() -> AsyncIterator[pa.RecordBatch]:
+        async for batch in _aiter(batches):
+            _check_schema(name, sink, batch)
+            observe(ProtocolStep.WRITE, epoch)
+            yield batch
+        observe(ProtocolStep.PRE_COMMIT, epoch)
+
+    return await _distributed(name, sink).stage(epoch, task, observed())
+
+
+def _distributed(name: str, sink: SinkConnector) -> DistributedCommitSink:
+    distributed = sink.as_distributed_commit()
+    if distributed is None:
+        raise InvalidState(
+            f"sink {name!r} to be a distributed-commit sink (as_distributed_commit())",
+            "a sink that commits from one instance only",
+        )
+    return distributed
+
+
+def _ignore(step: ProtocolStep, epoch: int) -> None:
+    """The observer when none is given."""
 
 
 def _check_schema(name: str, sink: SinkConnector, batch: pa.RecordBatch) -> None:

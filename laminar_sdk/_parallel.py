@@ -60,6 +60,11 @@ class RangeReadableSource(ABC):
     (the same config, opened, never restored). The two must agree: the union of the ranges
     between ``start`` and ``plan_end(start, …)`` is exactly what polling a source restored to
     ``start`` returns until its checkpoint is that end.
+
+    The Spark bridge asks an *unopened* instance whether it offers this extension, to choose
+    its reader before anything is opened: let ``as_range_readable`` answer from the class, not
+    from the configuration. The instance that plans may be kept open for the whole query, and
+    asked to plan many micro-batches, from offsets Spark recorded in another run.
     """
 
     @abstractmethod
@@ -99,6 +104,12 @@ class DistributedCommitSink(ABC):
 
     Nothing staged may be visible to a reader before :meth:`commit_aggregated`, and after it
     exactly the staged output the descriptors name is visible, once.
+
+    The tasks stage *before* the commit runs, so the runtime does not roll the epoch it is
+    about to commit back: :meth:`commit_aggregated` alone discards the staging of failed
+    attempts and crashed runs. When Spark re-runs a micro-batch whose epoch is committed
+    already, its tasks stage it again and the runtime skips the commit; a sink may save that
+    work by staging nothing for an epoch it knows is committed.
     """
 
     @abstractmethod

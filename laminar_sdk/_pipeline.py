@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -49,7 +50,8 @@ class PipelineSpec:
     :param max_records_per_epoch: an epoch ends after this many records (or when the source is
         idle, or when it asks for a checkpoint).
     :param poll_records: ``max_records`` passed to each ``poll_batch``.
-    :param idle_timeout_s: how long to wait for data before ending an epoch that has some.
+    :param idle_timeout_s: how long an idle pipeline waits between polls of a source that
+        offers no ``data_ready_notify`` event (one that does is awaited, not polled).
     """
 
     source: ConnectorRef
@@ -166,6 +168,7 @@ class Pipeline:
             result = await coordinator.run_epoch(
                 coordinator.next_epoch, reader.batches(), reader.checkpoint
             )
+            reader.checkpoint_taken()
             results.append(result)
             self._on_epoch(result)
         return PipelineReport(tuple(results))
@@ -181,6 +184,7 @@ class _EpochReader:
         self._source = source
         self._spec = spec
         self._first: pa.RecordBatch | None = None
+        self._requested: threading.Event | None = None
 
     def checkpoint(self) -> dict[str, SourceCheckpoint]:
         """Where the source resumes after this epoch (read once the batches are consumed)."""
@@ -220,9 +224,14 @@ class _EpochReader:
             if remaining <= 0:
                 return
             if requested is not None and requested.is_set():
-                requested.clear()
+                self._requested = requested  # cleared once the epoch's checkpoint is durable
                 return
             batch = await self._poll(min(self._spec.poll_records, remaining))
+
+    def checkpoint_taken(self) -> None:
+        """The epoch is committed: lower the source's checkpoint flag if it ended the epoch."""
+        if self._requested is not None:
+            self._requested.clear()
 
 
 def _check_batch(records: pa.RecordBatch, source: SourceConnector) -> None:
@@ -235,10 +244,9 @@ def _check_batch(records: pa.RecordBatch, source: SourceConnector) -> None:
 
 
 async def _wait_for_data(ready: asyncio.Event | None, timeout_s: float) -> None:
+    # A source with an event sets it when data arrives (it was cleared before the last poll,
+    # so data that came since has set it again): nothing to poll until then.
     if ready is None:
         await asyncio.sleep(timeout_s)
-        return
-    try:
-        await asyncio.wait_for(ready.wait(), timeout_s)
-    except TimeoutError:
-        return
+    else:
+        await ready.wait()

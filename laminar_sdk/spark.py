@@ -16,16 +16,25 @@ session whose Python workers run the current interpreter.
 from __future__ import annotations
 
 from laminar_sdk._spark.datasource import FORMAT_NAME, LaminarDataSource
-from laminar_sdk._spark.faults import CRASH_AT_VARIABLE, KILL_WRITER_VARIABLE
+from laminar_sdk._spark.faults import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    KILL_WRITER_VARIABLE,
+    CrashPoint,
+    CrashStep,
+)
 from laminar_sdk._spark.options import SDK_OPTIONS, BridgeOptions, SdkOption, parse_options
 from laminar_sdk._spark.session import build_session
 
 __all__ = [
     "CRASH_AT_VARIABLE",
+    "CRASH_RECORD_VARIABLE",
     "FORMAT_NAME",
     "KILL_WRITER_VARIABLE",
     "SDK_OPTIONS",
     "BridgeOptions",
+    "CrashPoint",
+    "CrashStep",
     "LaminarDataSource",
     "SdkOption",
     "build_session",

@@ -63,6 +63,11 @@ def test_plugins_list_shows_name_role_distribution_version_capabilities(vault_pl
     assert header.split() == ["CONNECTOR", "ROLE", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
     vault = next(row.split() for row in rows if row.startswith("vault "))
     assert vault == ["vault", "sink", "laminar-plugin-vault", "0.3.1", "exactly_once,idempotent"]
+    # The parallel-path extensions a connector offers are listed with its capabilities.
+    generator = next(row.split() for row in rows if row.startswith("generator "))
+    assert generator[-1] == "replay,range_readable"
+    memory_sink = next(row.split() for row in rows if row.startswith("memory ") and " sink " in row)
+    assert memory_sink[-1].endswith(",distributed_commit")
 
 
 def test_plugins_show_describes_keys_and_marks_secrets(vault_plugin, capsys):

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import MappingProxyType
@@ -46,6 +46,8 @@ _FIELDS = frozenset(
         "watermark",
         "total_size_bytes",
         "manifest_sha256",
+        "sink_commit_descriptors",
+        "query_id",
     }
 )
 
@@ -166,6 +168,24 @@ def _check_names(mapping: Mapping[str, Any], what: str) -> None:
             raise CheckpointError(f"{what} names must be non-empty strings, got {name!r}")
 
 
+def _frozen_descriptors(
+    descriptors: Mapping[str, tuple[str, ...]], statuses: Mapping[str, SinkEpochStatus]
+) -> Mapping[str, tuple[str, ...]]:
+    _check_names(descriptors, "sink")
+    frozen: dict[str, tuple[str, ...]] = {}
+    for sink, names in sorted(descriptors.items()):
+        if sink not in statuses:
+            raise CheckpointError(
+                f"sink {sink!r} has commit descriptors but no status in this checkpoint"
+            )
+        if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+            raise CheckpointError(
+                f"the commit descriptors of sink {sink!r} must be a list of strings, got {names!r}"
+            )
+        frozen[sink] = tuple(names)
+    return MappingProxyType(frozen)
+
+
 @dataclass(frozen=True, slots=True)
 class CheckpointManifest:
     """What one checkpoint holds: per-operator state artifacts, source positions and sinks.
@@ -185,6 +205,13 @@ class CheckpointManifest:
     :param sink_statuses: sink name to its :class:`SinkEpochStatus` for this epoch.
     :param parent_id: the checkpoint this one's deltas apply to, for incremental checkpoints.
     :param watermark: the global event-time watermark at the checkpoint, if any.
+    :param sink_commit_descriptors: for each sink whose write tasks staged the epoch in
+        parallel (a ``DistributedCommitSink``), the commit descriptors of the tasks that
+        succeeded, in order: what ``commit_aggregated`` publishes, also when recovery finishes
+        the commit. Recorded with the sink ``PENDING`` and never changed afterwards.
+    :param query_id: the engine's id of the streaming query whose epochs these are (Spark's
+        query id), when the engine has one: a checkpoint location serves one query, whose
+        epoch numbers it records.
     """
 
     checkpoint_id: CheckpointId
@@ -195,6 +222,8 @@ class CheckpointManifest:
     sink_statuses: Mapping[str, SinkEpochStatus] = field(default_factory=dict)
     parent_id: CheckpointId | None = None
     watermark: int | None = None
+    sink_commit_descriptors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    query_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_id, CheckpointId):
@@ -228,6 +257,15 @@ class CheckpointManifest:
                 {name: SinkEpochStatus(s) for name, s in sorted(self.sink_statuses.items())}
             ),
         )
+        set_attribute(
+            self,
+            "sink_commit_descriptors",
+            _frozen_descriptors(self.sink_commit_descriptors, self.sink_statuses),
+        )
+        if self.query_id is not None and (not isinstance(self.query_id, str) or not self.query_id):
+            raise CheckpointError(
+                f"query_id must be a non-empty string or None, got {self.query_id!r}"
+            )
 
     # Equal manifests have equal ids, and the mappings inside are read-only.
     def __hash__(self) -> int:
@@ -241,6 +279,7 @@ class CheckpointManifest:
         checkpoint_id: CheckpointId | None = None,
         parent_id: CheckpointId | None = None,
         watermark: int | None = None,
+        query_id: str | None = None,
     ) -> CheckpointManifest:
         """An empty manifest for ``epoch``, with a fresh id and the current time."""
         return cls(
@@ -249,6 +288,7 @@ class CheckpointManifest:
             timestamp_ms=time.time_ns() // 1_000_000,
             parent_id=parent_id,
             watermark=watermark,
+            query_id=query_id,
         )
 
     @property
@@ -294,6 +334,19 @@ class CheckpointManifest:
             )
         return replace(self, sink_statuses={**self.sink_statuses, sink: status})
 
+    def with_sink_commit_descriptors(
+        self, sink: str, descriptors: Sequence[str]
+    ) -> CheckpointManifest:
+        """Return a copy recording ``descriptors`` as what ``sink`` commits for the epoch.
+
+        :raises CheckpointError: when ``sink`` has no status in the manifest yet (set it
+            first, ``PENDING``).
+        """
+        return replace(
+            self,
+            sink_commit_descriptors={**self.sink_commit_descriptors, sink: tuple(descriptors)},
+        )
+
     def is_update_of(self, previous: CheckpointManifest) -> bool:
         """Whether this manifest only moves ``previous``'s sinks forward (a legal re-save)."""
         if replace(self, sink_statuses=previous.sink_statuses) != previous:
@@ -308,8 +361,12 @@ class CheckpointManifest:
     # JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain, JSON-ready dictionary (without the checksum :meth:`to_json` adds)."""
-        return {
+        """A plain, JSON-ready dictionary (without the checksum :meth:`to_json` adds).
+
+        ``sink_commit_descriptors`` and ``query_id`` appear only when set, so a manifest
+        without them has the same text as before they existed.
+        """
+        document: dict[str, Any] = {
             "version": MANIFEST_VERSION,
             "checkpoint_id": str(self.checkpoint_id),
             "epoch": self.epoch,
@@ -329,6 +386,14 @@ class CheckpointManifest:
             "watermark": self.watermark,
             "total_size_bytes": self.total_size_bytes,
         }
+        if self.sink_commit_descriptors:
+            document["sink_commit_descriptors"] = {
+                name: list(descriptors)
+                for name, descriptors in self.sink_commit_descriptors.items()
+            }
+        if self.query_id is not None:
+            document["query_id"] = self.query_id
+        return document
 
     def to_json(self) -> bytes:
         """The stored form: indented JSON with sorted keys and a ``manifest_sha256``."""
@@ -400,6 +465,9 @@ class CheckpointManifest:
             },
             parent_id=None if parent is None else CheckpointId.parse(parent),
             watermark=document.get("watermark"),
+            # A list each (the type is checked when the manifest is built).
+            sink_commit_descriptors=document.get("sink_commit_descriptors", {}),
+            query_id=document.get("query_id"),
         )
 
 

@@ -89,5 +89,24 @@ def conform(batch: pa.RecordBatch, target: pa.Schema, what: str) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
 
+def conform_source_batch(
+    batch: pa.RecordBatch, declared: pa.Schema, target: pa.Schema, connector: str
+) -> pa.RecordBatch:
+    """A batch a source returned, checked against the schema it declares, for Spark.
+
+    :param declared: the source's ``schema()``.
+    :param target: the Arrow schema Spark expects the batches in.
+    :raises SchemaMismatch: when the batch does not have the source's declared schema (the
+        source is broken), or cannot be conformed to ``target``.
+    """
+    if not batch.schema.equals(declared):
+        raise SchemaMismatch(
+            f"source {connector!r} returned a batch whose schema "
+            f"({batch.schema.to_string(show_schema_metadata=False)}) differs from the schema it "
+            "declares; the source is broken: report it to its authors"
+        )
+    return conform(batch, target, f"source {connector!r}")
+
+
 def _render(schema: pa.Schema) -> str:
     return "(" + ", ".join(f"{field.name}: {field.type}" for field in schema) + ")"

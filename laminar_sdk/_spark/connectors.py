@@ -1,25 +1,41 @@
-"""Opening and closing connectors inside Spark's Python workers."""
+"""Opening and closing connectors inside Spark's Python workers, and running their coroutines.
+
+Spark calls the bridge synchronously; connectors are asynchronous. A call that needs one
+coroutine runs it with ``asyncio.run``; what must outlive one call — a source kept open across
+Spark's planning calls, a stream of batches Spark pulls one at a time — runs on an
+``asyncio.Runner`` that the bridge keeps for it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from laminar_sdk._connector import SinkConnector, SourceConnector
+from laminar_sdk._spark.faults import watched_sink, watched_source
 from laminar_sdk._spark.options import BridgeOptions, connector_registry
 
 logger = logging.getLogger("laminar_sdk.spark")
+
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
 async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector]:
     """The source ``options`` name, opened for the block and closed after it.
 
+    It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
+    reads (:func:`~laminar_sdk._spark.faults.watched_source`); otherwise it is the plugin's
+    own instance.
+
     :raises ConfigurationError: for bad configuration.
     :raises PluginError: when the plugin's factory or ``open`` fails, naming it.
     """
-    source, _ = await connector_registry().open_source(options.connector, options.properties)
+    opened, _ = await connector_registry().open_source(options.connector, options.properties)
+    source = watched_source(opened)
     try:
         yield source
     finally:
@@ -28,12 +44,77 @@ async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector
 
 @contextlib.asynccontextmanager
 async def opened_sink(options: BridgeOptions) -> AsyncIterator[SinkConnector]:
-    """The sink ``options`` name, opened for the block and closed after it (see above)."""
-    sink, _ = await connector_registry().open_sink(options.connector, options.properties)
+    """The sink ``options`` name, opened for the block and closed after it (see above).
+
+    It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
+    ``pre_commit`` or ``stage`` (:func:`~laminar_sdk._spark.faults.watched_sink`).
+    """
+    opened, _ = await connector_registry().open_sink(options.connector, options.properties)
+    sink = watched_sink(opened)
     try:
         yield sink
     finally:
         await _close(sink, options)
+
+
+class KeptSource:
+    """A source opened once and kept open, with the event loop it was opened in.
+
+    For calls Spark makes one after another in one long-lived process (the planning of
+    micro-batches): opening the source once saves a connection per call. Every call runs on
+    the same loop, so a client bound to its loop keeps working. :meth:`close` it when done.
+
+    :raises ConfigurationError: for bad configuration.
+    :raises PluginError: when the plugin's factory or ``open`` fails, naming it.
+    """
+
+    def __init__(self, options: BridgeOptions) -> None:
+        self._runner = asyncio.Runner()
+        self._stack = contextlib.AsyncExitStack()
+        try:
+            self.source = self._runner.run(self._stack.enter_async_context(opened_source(options)))
+        except BaseException:
+            self._runner.close()
+            raise
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` (a call on :attr:`source`) on the source's loop."""
+        return self._runner.run(coroutine)
+
+    def close(self) -> None:
+        """Close the source (a failure is logged, not raised) and the loop."""
+        try:
+            self._runner.run(self._stack.aclose())
+        finally:
+            self._runner.close()
+
+
+def iterate(items: AsyncIterator[T]) -> Iterator[T]:
+    """``items`` as a plain iterator: each item is awaited when the consumer asks for it.
+
+    Nothing is read ahead, so memory holds one item at a time. When the consumer stops early,
+    ``items`` is closed (its ``finally`` blocks and context managers run).
+    """
+    with asyncio.Runner() as runner:
+        try:
+            while (step := runner.run(_next(items))) is not None:
+                yield step[0]
+        finally:
+            runner.run(_close_iterator(items))
+
+
+async def _next(items: AsyncIterator[T]) -> tuple[T] | None:
+    """``(item,)``, or ``None`` at the end (an item may itself be ``None``)."""
+    try:
+        return (await anext(items),)
+    except StopAsyncIteration:
+        return None
+
+
+async def _close_iterator(items: AsyncIterator[T]) -> None:
+    close = getattr(items, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def _close(connector: SourceConnector | SinkConnector, options: BridgeOptions) -> None:

@@ -5,17 +5,23 @@ from __future__ import annotations
 import asyncio
 
 import pyarrow as pa
+from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from laminar_sdk._checkpointing.registry import open_checkpointer
+from laminar_sdk._connector import SourceConnector
 from laminar_sdk._delivery import validate_delivery_guarantee
 from laminar_sdk._errors import ConfigurationError, SchemaMismatch
 from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
 from laminar_sdk._spark.connectors import opened_sink, opened_source
-from laminar_sdk._spark.options import BridgeOptions, connector_registry, parse_options
-from laminar_sdk._spark.reader import LaminarStreamReader
+from laminar_sdk._spark.options import (
+    BridgeOptions,
+    connector_registry,
+    parse_options,
+    sink_checkpointer,
+)
+from laminar_sdk._spark.reader import LaminarRangeReader, LaminarStreamReader
 from laminar_sdk._spark.writer import LaminarStreamWriter
 
 FORMAT_NAME = "laminar"
@@ -36,6 +42,12 @@ class LaminarDataSource(DataSource):
     check that can fail — unknown connector or option, a plugin failing to open, a schema
     mismatch, a guarantee the connectors cannot keep — runs before any data moves: when the
     stream is loaded (source) or when the query starts (sink).
+
+    How a connector is read and written depends on what it offers: a range-readable source is
+    read in parallel tasks (:meth:`streamReader`), any other through one process
+    (:meth:`simpleStreamReader`; Spark falls back to it when :meth:`streamReader` raises
+    ``PySparkNotImplementedError``); a distributed-commit sink is staged by the write tasks
+    and committed together, any other is written at the commit (:mod:`._spark.writer`).
     """
 
     @classmethod
@@ -48,15 +60,22 @@ class LaminarDataSource(DataSource):
         options = self._options(ConnectorRole.SOURCE)
         return spark_schema(asyncio.run(_source_schema(options)), options.connector)
 
+    def streamReader(self, schema: StructType) -> LaminarRangeReader:  # noqa: N802 - Spark's name
+        """A parallel reader of a range-readable source, after checking the guarantee.
+
+        :raises PySparkNotImplementedError: when the source is not range-readable, so that
+            Spark asks :meth:`simpleStreamReader` instead.
+        """
+        options, source = self._source()
+        if source.as_range_readable() is None:
+            raise PySparkNotImplementedError(
+                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
+            )
+        return LaminarRangeReader(options, arrow_schema(schema))
+
     def simpleStreamReader(self, schema: StructType) -> LaminarStreamReader:  # noqa: N802 - Spark's name
         """A reader of the source connector, after checking the delivery guarantee."""
-        options = self._options(ConnectorRole.SOURCE)
-        validate_delivery_guarantee(
-            options.delivery,
-            sources={options.connector: connector_registry().create_source(options.connector)},
-            sinks={},
-            checkpointing_enabled=True,
-        )
+        options, _ = self._source()
         return LaminarStreamReader(options, arrow_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LaminarStreamWriter:  # noqa: N802 - Spark's name
@@ -74,10 +93,23 @@ class LaminarDataSource(DataSource):
                 "outputMode('append') or 'update'",
                 key="outputMode",
             )
-        return LaminarStreamWriter(options, asyncio.run(_sink_schema(options, schema)))
+        expected, distributed = asyncio.run(_sink_schema(options, schema))
+        return LaminarStreamWriter(options, expected, distributed=distributed)
 
     def _options(self, role: ConnectorRole) -> BridgeOptions:
         return parse_options(self.options, role)
+
+    def _source(self) -> tuple[BridgeOptions, SourceConnector]:
+        """The read side's options and an unopened source, the delivery guarantee checked."""
+        options = self._options(ConnectorRole.SOURCE)
+        source = connector_registry().create_source(options.connector)
+        validate_delivery_guarantee(
+            options.delivery,
+            sources={options.connector: source},
+            sinks={},
+            checkpointing_enabled=True,
+        )
+        return options, source
 
 
 async def _source_schema(options: BridgeOptions) -> pa.Schema:
@@ -85,13 +117,9 @@ async def _source_schema(options: BridgeOptions) -> pa.Schema:
         return source.schema()
 
 
-async def _sink_schema(options: BridgeOptions, stream: StructType) -> pa.Schema:
-    assert options.checkpoint_location is not None, "parse_options sets it for sinks"
-    open_checkpointer(
-        options.checkpoint_location,
-        store=options.checkpoint_store,
-        options=options.checkpoint_options,
-    )
+async def _sink_schema(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema, bool]:
+    """The sink's schema, checked against the stream's, and whether it commits distributed."""
+    sink_checkpointer(options)
     async with opened_sink(options) as sink:
         validate_delivery_guarantee(
             options.delivery,
@@ -100,10 +128,11 @@ async def _sink_schema(options: BridgeOptions, stream: StructType) -> pa.Schema:
             checkpointing_enabled=True,
         )
         expected = sink.schema()
+        distributed = sink.as_distributed_commit() is not None
     problems = schema_differences(expected, arrow_schema(stream))
     if problems:
         raise SchemaMismatch(
             f"sink {options.connector!r} cannot take this stream: {'; '.join(problems)}. "
             "Select or cast the columns before writeStream"
         )
-    return expected
+    return expected, distributed

@@ -19,7 +19,8 @@ import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from laminar_sdk._checkpointing.registry import store_for_location
+from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.registry import open_checkpointer, store_for_location
 from laminar_sdk._errors import CheckpointError, ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
@@ -127,6 +128,29 @@ class BridgeOptions:
 def connector_registry() -> ConnectorRegistry:
     """The installed connectors, loaded once per process on first use (never at import)."""
     return load_connector_registry()
+
+
+def sink_checkpointer(options: BridgeOptions) -> Checkpointer:
+    """The checkpoint store of a sink's options, opened once per process and kept.
+
+    Spark asks the bridge for a writer and commits each micro-batch in Python workers it
+    reuses; finding the store among the installed ones (an entry-point scan) each time was a
+    good part of a micro-batch's fixed cost.
+
+    :raises CheckpointError: for an unknown store or a location it refuses.
+    """
+    location = options.checkpoint_location
+    assert location is not None, "parse_options sets it for sinks"
+    return _open_checkpointer(
+        location, options.checkpoint_store, tuple(sorted(options.checkpoint_options.items()))
+    )
+
+
+@functools.cache
+def _open_checkpointer(
+    location: str, store: str | None, store_options: tuple[tuple[str, str], ...]
+) -> Checkpointer:
+    return open_checkpointer(location, store=store, options=dict(store_options))
 
 
 def parse_options(

@@ -1,60 +1,99 @@
 """The sink side: a sink connector written to by a Spark ``DataSourceStreamArrowWriter``.
 
 One epoch is one micro-batch; its number is Spark's ``batchId``. Spark runs ``write`` on the
-executors, without the batch id, and then ``commit(messages, batchId)`` in a Python worker
-started for the call, on a new writer instance: nothing but the commit messages survives from
-``write``. The sink's epoch protocol therefore runs whole inside ``commit``:
+executors, one task per partition of the micro-batch, and then ``commit(messages, batchId)``
+in a Python worker started for the call, on a new writer instance: nothing but the commit
+messages survives from ``write``. Two ways to run the sink's epoch protocol follow.
 
-- ``write`` conforms each Arrow batch to the sink's schema and ships the task's batches, as one
-  Arrow IPC stream, to the driver in its commit message;
-- ``commit`` opens the sink and the checkpoint store, lets the
-  :class:`~laminar_sdk._coordinator.EpochCoordinator` recover (finish an epoch whose commit
-  was decided, roll back one that was not), skips the micro-batch when its epoch is already
-  committed (Spark re-runs the last micro-batch after a crash, with the same batch id), and
-  otherwise runs the epoch: ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest
-  (the decision) → ``commit_epoch`` → manifest marked committed;
-- ``abort`` lets the coordinator recover, which rolls back an undecided epoch and never one
-  whose commit was decided.
+A distributed-commit sink (:meth:`SinkConnector.as_distributed_commit`) is written by the
+tasks, in parallel:
 
-Every batch of a micro-batch passes through the driver, so a micro-batch must fit in its
-memory: bound it with the source's ``laminar.max.records.per.batch`` (or Spark's
-``maxOffsetsPerTrigger`` and the like). Writing on the executors would need sinks that can
-pre-commit in several tasks and commit the tasks' work together, which the contract does not
-offer yet.
+- ``write`` opens the sink in the task and stages the task's batches
+  (:func:`~laminar_sdk._coordinator.stage_task`): the epoch is the micro-batch's batch id,
+  which the task reads from its ``TaskContext``, and the task's name is unique per attempt
+  and per run. Its commit message holds the commit descriptor, never data;
+- ``commit`` opens the sink and the checkpoint store; the
+  :class:`~laminar_sdk._coordinator.EpochCoordinator` finishes an epoch whose commit was
+  decided (with its recorded descriptors), skips the micro-batch when its epoch is committed
+  already (Spark re-runs the last micro-batch after a crash, with the same batch id), and
+  otherwise records the descriptors in the epoch's manifest (the decision) and publishes them
+  with ``commit_aggregated``. It does *not* roll back the epoch it commits: the tasks staged
+  it before the commit ran, and ``commit_aggregated`` discards whatever staging of the epoch
+  no descriptor names (failed attempts, crashed runs).
+
+Any other sink is written in ``commit``, by one instance:
+
+- ``write`` conforms each Arrow batch to the sink's schema and ships the task's batches, as
+  one Arrow IPC stream, to the driver in its commit message;
+- ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
+  one that was not), skips an epoch committed already, and otherwise runs the epoch:
+  ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →
+  ``commit_epoch`` → manifest marked committed. Every batch passes through the driver, so a
+  micro-batch must fit in its memory: bound it with the source's
+  ``laminar.max.records.per.batch``.
+
+In both, ``abort`` lets the coordinator recover, which rolls back the undecided epoch — every
+task's staging of it — and never one whose commit was decided. Rolling back at the start of a
+query is left to that and to ``commit_aggregated``: Spark calls the data source's
+``streamWriter`` for every commit too, after the tasks staged, where a rollback would discard
+the epoch being committed.
+
+Each task also reports Spark's query id (``sql.streaming.queryId``); the coordinator records it
+in every manifest and refuses checkpoints of another query: when Spark's checkpoint was deleted
+but not the laminar checkpoint location, batch ids restart at 0 and would be skipped as
+committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from laminar_sdk._checkpointing.registry import open_checkpointer
 from laminar_sdk._connector import SinkConnector
-from laminar_sdk._coordinator import EpochCoordinator
+from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink
-from laminar_sdk._spark.faults import crash_observer, kill_writer_once
-from laminar_sdk._spark.options import BridgeOptions
+from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
+from laminar_sdk._spark.options import BridgeOptions, sink_checkpointer
 
 logger = logging.getLogger("laminar_sdk.spark")
+
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+"""The task-local property holding the streaming query's id (kept in Spark's checkpoint)."""
 
 
 @dataclass(frozen=True)
 class ArrowBatchesMessage(WriterCommitMessage):
-    """What one write task hands to the commit: its batches as an Arrow IPC stream."""
+    """What one write task hands to a one-instance commit: its batches, as Arrow IPC."""
 
     payload: bytes
     rows: int
+    query_id: str | None = None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The task's batches, in the order it wrote them."""
         yield from pa.ipc.open_stream(pa.py_buffer(self.payload))
+
+
+@dataclass(frozen=True)
+class StagedTaskMessage(WriterCommitMessage):
+    """What one write task hands to a distributed commit: what it staged, and no data."""
+
+    descriptor: str
+    rows: int
+    query_id: str | None = None
+
+
+MessageT = TypeVar("MessageT", ArrowBatchesMessage, StagedTaskMessage)
 
 
 class LaminarStreamWriter(DataSourceStreamArrowWriter):
@@ -62,31 +101,43 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
 
     :param options: the validated options of the write side.
     :param schema: the sink's Arrow schema; batches are conformed to it.
+    :param distributed: whether the sink is a distributed-commit sink, staged by the tasks.
     """
 
-    def __init__(self, options: BridgeOptions, schema: pa.Schema) -> None:
+    def __init__(self, options: BridgeOptions, schema: pa.Schema, *, distributed: bool) -> None:
         self._options = options
         self._schema = schema
+        self._distributed = distributed
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> ArrowBatchesMessage:
-        """Conform the task's batches to the sink's schema and return them, serialized."""
-        what = f"sink {self._options.connector!r}"
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        """Stage the task's batches (distributed), or return them serialized (otherwise).
+
+        :raises InvalidState: for a distributed-commit sink, when not run in a Spark
+            streaming write task (there is no batch id to stage for).
+        """
+        context = TaskContext.get()
+        query_id = None if context is None else context.getLocalProperty(QUERY_ID_PROPERTY)
+        if self._distributed:
+            return self._stage(iterator, context, query_id)
         sink = pa.BufferOutputStream()
         rows = 0
         with pa.ipc.new_stream(sink, self._schema) as stream:
-            for batch in iterator:
-                stream.write_batch(conform(batch, self._schema, what))
+            for batch in self._conformed(iterator):
+                stream.write_batch(batch)
                 rows += batch.num_rows
-                kill_writer_once()
-        return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows)
+        return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id)
 
     def commit(
         self,
         messages: Sequence[WriterCommitMessage | None],
         batchId: int,  # noqa: N803 - Spark passes it by this name
     ) -> None:
-        """Write and commit micro-batch ``batchId`` as an epoch, or skip it if it was."""
-        asyncio.run(self._commit(_arrow_messages(messages, batchId), batchId))
+        """Commit micro-batch ``batchId`` as an epoch, or skip it if it was."""
+        if self._distributed:
+            staged = _messages(messages, batchId, StagedTaskMessage)
+            asyncio.run(self._commit_staged(staged, batchId))
+        else:
+            asyncio.run(self._commit(_messages(messages, batchId, ArrowBatchesMessage), batchId))
 
     def abort(
         self,
@@ -94,50 +145,100 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         batchId: int,  # noqa: N803 - Spark passes it by this name
     ) -> None:
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
-        asyncio.run(self._recover())
+        received = [m for m in messages if isinstance(m, ArrowBatchesMessage | StagedTaskMessage)]
+        asyncio.run(self._recover(_query_id(received)))
+
+    def _conformed(self, iterator: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        what = f"sink {self._options.connector!r}"
+        for batch in iterator:
+            yield conform(batch, self._schema, what)
+            kill_writer_once()
+
+    def _stage(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        context: TaskContext | None,
+        query_id: str | None,
+    ) -> StagedTaskMessage:
+        batch_id = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+        if context is None or batch_id is None:
+            raise InvalidState(
+                "write() in a task of a Spark streaming query (its batch id is the epoch)",
+                "no streaming batch id in the task's context",
+            )
+        # Unique per attempt (partition, attempt number) and per run (a random token): the
+        # staging of an attempt that failed, or of a run that crashed, is never taken for this.
+        task = f"{context.partitionId()}-{context.attemptNumber()}-{secrets.token_hex(8)}"
+        rows = 0
+
+        def counted() -> Iterator[pa.RecordBatch]:
+            nonlocal rows
+            for batch in self._conformed(iterator):
+                rows += batch.num_rows
+                yield batch
+
+        descriptor = asyncio.run(self._stage_task(int(batch_id), task, counted()))
+        return StagedTaskMessage(descriptor, rows, query_id)
+
+    async def _stage_task(self, epoch: int, task: str, batches: Iterator[pa.RecordBatch]) -> str:
+        async with opened_sink(self._options) as sink:
+            name = self._options.connector
+            return await stage_task(name, sink, epoch, task, batches, observer=crash_observer())
 
     async def _commit(self, messages: Sequence[ArrowBatchesMessage], epoch: int) -> None:
         async with opened_sink(self._options) as sink:
-            coordinator = self._coordinator(sink)
+            coordinator = self._coordinator(sink, _query_id(messages))
             await coordinator.recover()
-            if coordinator.is_committed(epoch):
-                logger.info(
-                    "sink %r: micro-batch %d was committed before; skipping its re-delivery",
-                    self._options.connector,
-                    epoch,
-                )
-                return
             batches = (batch for message in messages for batch in message.batches())
-            result = await coordinator.run_epoch(epoch, batches, {})
+            self._log(await coordinator.run_epoch(epoch, batches, {}))
+
+    async def _commit_staged(self, messages: Sequence[StagedTaskMessage], epoch: int) -> None:
+        async with opened_sink(self._options) as sink:
+            coordinator = self._coordinator(sink, _query_id(messages))
+            await coordinator.recover(roll_back_next=False)
+            descriptors = {self._options.connector: [m.descriptor for m in messages]}
+            rows = sum(message.rows for message in messages)
+            self._log(await coordinator.commit_staged(epoch, descriptors, rows=rows))
+
+    async def _recover(self, query_id: str | None) -> None:
+        async with opened_sink(self._options) as sink:
+            await self._coordinator(sink, query_id).recover()
+
+    def _coordinator(self, sink: SinkConnector, query_id: str | None) -> EpochCoordinator:
+        return EpochCoordinator(
+            sink_checkpointer(self._options),
+            {self._options.connector: sink},
+            observer=crash_observer(),
+            query_id=query_id,
+        )
+
+    def _log(self, result: EpochResult) -> None:
+        if result.skipped:
+            logger.info(
+                "sink %r: micro-batch %d was committed before; skipping its re-delivery",
+                self._options.connector,
+                result.epoch,
+            )
+        else:
             logger.info(
                 "sink %r: committed micro-batch %d (%d rows)",
                 self._options.connector,
-                epoch,
+                result.epoch,
                 result.rows,
             )
 
-    async def _recover(self) -> None:
-        async with opened_sink(self._options) as sink:
-            await self._coordinator(sink).recover()
 
-    def _coordinator(self, sink: SinkConnector) -> EpochCoordinator:
-        location = self._options.checkpoint_location
-        assert location is not None, "parse_options sets it for sinks"
-        checkpointer = open_checkpointer(
-            location, store=self._options.checkpoint_store, options=self._options.checkpoint_options
-        )
-        return EpochCoordinator(
-            checkpointer, {self._options.connector: sink}, observer=crash_observer()
-        )
-
-
-def _arrow_messages(
-    messages: Sequence[WriterCommitMessage | None], batch_id: int
-) -> list[ArrowBatchesMessage]:
-    arrow = [message for message in messages if isinstance(message, ArrowBatchesMessage)]
-    if len(arrow) != len(messages):
+def _messages(
+    messages: Sequence[WriterCommitMessage | None], batch_id: int, kind: type[MessageT]
+) -> list[MessageT]:
+    received = [message for message in messages if isinstance(message, kind)]
+    if len(received) != len(messages):
         raise InvalidState(
-            f"a commit message from every write task of micro-batch {batch_id}",
-            f"{len(messages) - len(arrow)} of {len(messages)} missing",
+            f"a {kind.__name__} from every write task of micro-batch {batch_id}",
+            f"{len(messages) - len(received)} of {len(messages)} missing or of another kind",
         )
-    return arrow
+    return received
+
+
+def _query_id(messages: Sequence[ArrowBatchesMessage | StagedTaskMessage]) -> str | None:
+    return next((m.query_id for m in messages if m.query_id is not None), None)

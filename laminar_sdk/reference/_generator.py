@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
@@ -18,18 +18,30 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorMetrics,
     PartitionInfo,
+    PartitionRange,
+    RangeReadableSource,
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
 )
 from laminar_sdk.reference._lifecycle import Lifecycle
-from laminar_sdk.reference._offsets import NEXT_PARTITION, next_partition_in, offsets_in
+from laminar_sdk.reference._offsets import (
+    NEXT_PARTITION,
+    next_partition_in,
+    offsets_in,
+    parse_count,
+    planned_ends,
+    range_bounds,
+)
 from laminar_sdk.reference._schemas import SCHEMA_KEY, WIDE_SCHEMA, configured_schema
 
 T = TypeVar("T")
 
 UNBOUNDED = -1
 """The ``rows`` value for a partition that never ends."""
+
+STARTED_AT = "started_at_ms"
+"""The checkpoint metadata key of a paced generator: when its stream started (Unix ms)."""
 
 _NAME = "generator"
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -108,6 +120,18 @@ class _Settings:
         """What a checkpoint records so that it is never restored into another id space."""
         return {"partitions": str(self.partitions), "seed": str(self.seed)}
 
+    def due(self, started_at_ms: int) -> int | None:
+        """The offset after the last row of a partition whose time has come.
+
+        Without a ``rate`` every row's time has come: the partition's end when ``rows`` is
+        bounded, ``None`` (no end) when it is not. With a rate, row ``i`` is due ``i / rate``
+        seconds after the stream started.
+        """
+        if self.rate <= 0:
+            return self.rows if self.bounded else None
+        earned = int(self.rate * max(0.0, time.time() - started_at_ms / 1000))
+        return min(earned, self.rows) if self.bounded else earned
+
     def offsets_of(self, checkpoint: SourceCheckpoint) -> list[int]:
         """The next offset of every partition in ``checkpoint`` (``0`` where it has none).
 
@@ -169,7 +193,7 @@ def _filled_in(config: ConnectorConfig, key: str, parse: Callable[[str], T]) -> 
     return value
 
 
-class GeneratorSource(SourceConnector):
+class GeneratorSource(SourceConnector, RangeReadableSource):
     """Deterministic rows, in partitions, that can be replayed from any checkpoint.
 
     Row ``i`` of partition ``p`` (its *offset* is ``i``) is a pure function of ``seed``, ``p``
@@ -188,13 +212,18 @@ class GeneratorSource(SourceConnector):
 
     Each partition ends after ``rows`` rows (``-1``, the default, never ends).
     :meth:`poll_batch` visits the partitions in turn and returns at most ``batch_size`` rows
-    of one partition, paced to ``rate`` rows per second per partition when ``rate > 0``.
-    Its :class:`~laminar_sdk.PartitionInfo` is ``(str(p), str(next offset))``.
+    of one partition. With ``rate > 0`` the rows are paced: row ``i`` of each partition is
+    due ``i / rate`` seconds after the stream started — when a source that was never restored
+    was opened; the time travels in its checkpoints (metadata ``started_at_ms``), so every
+    process, and a restarted one, agrees on which rows are due (a restart after a pause finds
+    the rows due meanwhile). Its :class:`~laminar_sdk.PartitionInfo` is
+    ``(str(p), str(next offset))``.
 
     :meth:`checkpoint` holds each partition's next offset: restoring it resumes *after* the
-    last row returned, never at it. Beyond the contract, :meth:`partition_ranges` and
-    :meth:`read_range` let a parallel reader (one Spark task per partition) produce exactly
-    the rows between two checkpoints without polling.
+    last row returned, never at it. The source is range-readable
+    (:meth:`as_range_readable`): :meth:`plan_end` shares a micro-batch among the partitions
+    with rows due, and :meth:`read_range` produces the rows of one partition between two
+    offsets in any process, without polling.
     """
 
     CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (
@@ -234,9 +263,8 @@ class GeneratorSource(SourceConnector):
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[_Settings] = Lifecycle(f"{_NAME} source")
         self._next: list[int] = []
-        self._emitted: list[int] = []
         self._cursor = 0
-        self._opened_at = 0.0
+        self._started_at_ms = 0
         self._records_total = 0
         self._bytes_total = 0
 
@@ -248,8 +276,7 @@ class GeneratorSource(SourceConnector):
         settings = _Settings.from_config(config)
         self._lifecycle.open(settings)
         self._next = [0] * settings.partitions
-        self._emitted = [0] * settings.partitions
-        self._opened_at = time.monotonic()
+        self._started_at_ms = time.time_ns() // 1_000_000
 
     def schema(self) -> pa.Schema:
         """The configured schema (``ids`` or ``wide``)."""
@@ -259,7 +286,7 @@ class GeneratorSource(SourceConnector):
         """Return up to ``min(max_records, batch_size)`` rows of the next partition that has any.
 
         Returns ``None`` when every partition is exhausted (bounded ``rows``) or, with a
-        ``rate``, when no partition may emit a row yet.
+        ``rate``, when no partition has a row that is due.
 
         :raises ValueError: when ``max_records < 1``.
         """
@@ -275,7 +302,6 @@ class GeneratorSource(SourceConnector):
             start = self._next[partition]
             batch = settings.rows_between(partition, start, start + count)
             self._next[partition] = start + count
-            self._emitted[partition] += count
             self._cursor = (partition + 1) % settings.partitions
             self._records_total += count
             self._bytes_total += batch.nbytes
@@ -284,26 +310,28 @@ class GeneratorSource(SourceConnector):
 
     def _available(self, settings: _Settings, partition: int, limit: int) -> int:
         """How many rows, at most ``limit``, ``partition`` may return now."""
-        if settings.bounded:
-            limit = min(limit, settings.rows - self._next[partition])
-        if settings.rate > 0:
-            earned = int(settings.rate * (time.monotonic() - self._opened_at))
-            limit = min(limit, earned - self._emitted[partition])
-        return limit
+        due = settings.due(self._started_at_ms)
+        return limit if due is None else min(limit, due - self._next[partition])
 
     def checkpoint(self) -> SourceCheckpoint:
         """Every partition's next offset: restoring resumes *after* the last row returned.
 
         The metadata records ``partitions`` and ``seed`` (a checkpoint is never restored into
-        another id space) and the partition the next poll tries first.
+        another id space), the partition the next poll tries first and, with a ``rate``, when
+        the stream started.
         """
         settings = self._lifecycle.require("checkpoint")
         offsets = {str(partition): str(offset) for partition, offset in enumerate(self._next)}
         metadata = {**settings.metadata(), NEXT_PARTITION: str(self._cursor)}
+        if settings.rate > 0:
+            metadata[STARTED_AT] = str(self._started_at_ms)
         return SourceCheckpoint(offsets, metadata=metadata)
 
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
         """Seek every partition to its offset in ``checkpoint``; partitions it omits to 0.
+
+        A paced generator takes the time its stream started from the checkpoint, when it
+        records one.
 
         :raises ConfigurationError: when it was taken with other ``partitions`` or ``seed``.
         :raises CheckpointError: for a partition or offset this generator cannot have reached.
@@ -311,49 +339,69 @@ class GeneratorSource(SourceConnector):
         settings = self._lifecycle.require("restore")
         self._next = settings.offsets_of(checkpoint)
         self._cursor = next_partition_in(_NAME, checkpoint) % settings.partitions
+        self._started_at_ms = self._started_at(checkpoint)
 
-    def partition_ranges(
-        self, start: SourceCheckpoint, end: SourceCheckpoint
-    ) -> dict[int, tuple[int, int]]:
-        """The rows between two checkpoints, per partition: ``{p: (first, stop)}``.
+    def _started_at(self, checkpoint: SourceCheckpoint) -> int:
+        recorded = checkpoint.metadata.get(STARTED_AT)
+        if recorded is None:
+            return self._started_at_ms
+        return parse_count(_NAME, recorded, STARTED_AT)
 
-        Only partitions with at least one row between them are listed; the rows of
-        partition ``p`` are ``read_range(p, first, stop)``. Does not move the source.
+    def as_range_readable(self) -> RangeReadableSource:
+        """This source: it plans micro-batches and reads partition ranges in any process."""
+        return self
 
-        :raises CheckpointError: when ``end`` is behind ``start`` in some partition, or either
-            is not a checkpoint of this generator.
+    async def plan_end(self, start: SourceCheckpoint, max_records: int | None) -> SourceCheckpoint:
+        """The checkpoint after at most ``max_records`` rows that are due, following ``start``.
+
+        The rows are shared fairly among the partitions that have rows due. An unbounded
+        generator without a ``rate`` always has rows: with ``max_records=None`` it offers
+        ``batch_size`` rows per partition (a micro-batch needs a bound). Returns ``start``
+        when no row is due.
+
+        :raises ConfigurationError: when ``start`` was taken with other ``partitions`` or
+            ``seed``.
+        :raises CheckpointError: for a partition or offset this generator cannot have reached.
         """
-        settings = self._lifecycle.require("partition_ranges")
-        firsts, stops = settings.offsets_of(start), settings.offsets_of(end)
-        ranges: dict[int, tuple[int, int]] = {}
-        for partition, (first, stop) in enumerate(zip(firsts, stops, strict=True)):
-            if stop < first:
-                raise CheckpointError(
-                    f"{_NAME}: the end checkpoint is behind the start checkpoint in partition "
-                    f"{partition} ({stop} < {first})"
-                )
-            if stop > first:
-                ranges[partition] = (first, stop)
-        return ranges
+        settings = self._lifecycle.require("plan_end")
+        firsts = settings.offsets_of(start)
+        started_at_ms = self._started_at(start)
+        due = settings.due(started_at_ms)
+        unbounded_share = settings.batch_size if max_records is None else max_records
+        available = {
+            p: first + unbounded_share if due is None else due for p, first in enumerate(firsts)
+        }
+        ends = planned_ends(dict(enumerate(firsts)), available, max_records)
+        if not ends:
+            return start
+        offsets = {str(p): str(ends.get(p, first)) for p, first in enumerate(firsts)}
+        metadata = {**start.metadata, **settings.metadata()}
+        if settings.rate > 0:
+            metadata[STARTED_AT] = str(started_at_ms)
+        return SourceCheckpoint(offsets, metadata=metadata)
 
-    def read_range(self, partition: int, start: int, end: int) -> pa.RecordBatch:
-        """Rows ``start`` (included) to ``end`` (excluded) of ``partition``, as one batch.
+    async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
+        """The rows of one partition between two offsets, in batches of ``batch_size`` rows.
 
-        Exactly the rows :meth:`poll_batch` returns for those offsets, in any process; it does
-        not move the source or count in :meth:`metrics`. Split a long range into several
-        calls to bound memory.
+        Exactly the rows :meth:`poll_batch` returns for those offsets, in any process, at any
+        time (pacing decides only which rows :meth:`plan_end` names); it does not move the
+        source or count in :meth:`metrics`.
 
-        :raises ValueError: for a partition or range outside the generator's rows.
+        :raises CheckpointError: for a partition or range outside the generator's rows.
         """
         settings = self._lifecycle.require("read_range")
-        if not 0 <= partition < settings.partitions:
-            raise ValueError(f"{_NAME}: partition {partition} is not in [0, {settings.partitions})")
-        if not 0 <= start <= end or (settings.bounded and end > settings.rows):
-            bound = settings.rows if settings.bounded else "unbounded"
-            raise ValueError(
-                f"{_NAME}: range [{start}, {end}) is not within partition rows [0, {bound})"
+        partition, first, stop = range_bounds(_NAME, partition_range)
+        if partition >= settings.partitions:
+            raise CheckpointError(
+                f"{_NAME}: partition {partition} is not in [0, {settings.partitions})"
             )
-        return settings.rows_between(partition, start, end)
+        if settings.bounded and stop > settings.rows:
+            raise CheckpointError(
+                f"{_NAME}: offset {stop} of partition {partition} is past the {settings.rows} "
+                "rows the partition holds"
+            )
+        for offset in range(first, stop, settings.batch_size):
+            yield settings.rows_between(partition, offset, min(stop, offset + settings.batch_size))
 
     def metrics(self) -> ConnectorMetrics:
         """Rows and Arrow bytes returned by :meth:`poll_batch`, and the lag.

@@ -6,10 +6,13 @@ instance after a crash, finds everything in the directory given by the ``path`` 
     path/source/partition-<p>/<first offset, 20 digits>.arrow   appended records (source)
     path/_sink.json                                             the sink's schema name
     path/_staging/epoch-<e>/part-<n>.arrow                      batches of an open epoch
+    path/_staging/epoch-<e>/task-<t>/part-<n>.arrow             batches task <t> staged
     path/_staging/epoch-<e>/_MANIFEST.json                      present once pre-committed
     path/committed/epoch-<e>/                                   a committed epoch, as staged
 
-Every file holds one Arrow IPC batch.
+Every ``.arrow`` file holds one Arrow IPC batch. The source is range-readable and the sink a
+distributed-commit sink (the opt-in extensions of :mod:`laminar_sdk._parallel`), so each is
+the reference for its extension too.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -33,13 +36,18 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     ConnectorMetrics,
+    DistributedCommitSink,
     InvalidState,
     PartitionInfo,
+    PartitionRange,
+    RangeReadableSource,
+    ReadError,
     SinkConnector,
     SinkConnectorCapabilities,
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
+    TransactionError,
     WriteResult,
 )
 from laminar_sdk._durable import (
@@ -50,7 +58,13 @@ from laminar_sdk._durable import (
 )
 from laminar_sdk.reference._files import arrow_file_bytes, read_arrow_file
 from laminar_sdk.reference._lifecycle import Lifecycle
-from laminar_sdk.reference._offsets import NEXT_PARTITION, next_partition_in, offsets_in
+from laminar_sdk.reference._offsets import (
+    NEXT_PARTITION,
+    next_partition_in,
+    offsets_in,
+    planned_ends,
+    range_bounds,
+)
 from laminar_sdk.reference._schemas import (
     IDS_SCHEMA,
     SCHEMA_KEY,
@@ -73,6 +87,8 @@ _STAGING = "_staging"
 _COMMITTED = "committed"
 _EPOCH = re.compile(r"epoch-(\d+)")
 _MANIFEST = "_MANIFEST.json"
+_TASK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_PART = re.compile(r"part-\d{6}\.arrow")
 _MAX_PARTITION = 2**31 - 1  # the partition column is int32
 
 
@@ -125,13 +141,17 @@ def _end_offset(partition_directory: Path) -> int:
     return start + int(read_arrow_file(path).num_rows)
 
 
-class MemorySource(SourceConnector):
+class MemorySource(SourceConnector, RangeReadableSource):
     """Replays records that a test appended with :meth:`append`, exactly, from any checkpoint.
 
     Records have the ``ids`` schema (``id: int64, partition: int32, value: double``, with
     ``value = float(id)``). Partition ``p``'s records have offsets ``0, 1, 2, …`` in the order
     they were appended; a partition appears when its first record is appended, so the source
     never ends: :meth:`poll_batch` returns ``None`` when nothing new has been appended.
+
+    It is range-readable (:meth:`as_range_readable`): :meth:`plan_end` shares the records
+    appended so far among the partitions, and :meth:`read_range` returns the records between
+    two offsets of a partition in any process, also after more were appended.
     """
 
     CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (_PATH_KEY,)
@@ -255,14 +275,69 @@ class MemorySource(SourceConnector):
         self._refresh(directory)
         offsets = offsets_in(_SOURCE_NAME, checkpoint)
         for partition, offset in offsets.items():
-            if offset > self._end(partition):
-                raise CheckpointError(
-                    f"{_SOURCE_NAME}: checkpoint offset {offset} of partition {partition} is "
-                    f"past the {self._end(partition)} record(s) appended in {directory}; was the "
-                    "directory replaced?"
-                )
+            self._check_appended(directory, partition, offset)
         self._next = offsets
         self._cursor = next_partition_in(_SOURCE_NAME, checkpoint)
+
+    def as_range_readable(self) -> RangeReadableSource:
+        """This source: it plans micro-batches and reads partition ranges in any process."""
+        return self
+
+    async def plan_end(self, start: SourceCheckpoint, max_records: int | None) -> SourceCheckpoint:
+        """The checkpoint after at most ``max_records`` records appended after ``start``.
+
+        The records are shared fairly among the partitions that have new ones. Partitions at
+        offset 0 stay out of the result, as in :meth:`checkpoint`. Returns ``start`` when
+        nothing new was appended.
+
+        :raises CheckpointError: for an offset that is not a count, or one past the records
+            appended to its partition.
+        """
+        directory = self._lifecycle.require("plan_end")
+        self._refresh(directory)
+        starts = offsets_in(_SOURCE_NAME, start)
+        for partition, offset in starts.items():
+            self._check_appended(directory, partition, offset)
+        ends = planned_ends(starts, {p: self._end(p) for p in self._segments}, max_records)
+        if not ends:
+            return start
+        offsets = {
+            str(p): str(offset) for p, offset in sorted({**starts, **ends}.items()) if offset
+        }
+        return SourceCheckpoint(offsets, metadata=start.metadata)
+
+    async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
+        """The records of one partition between two offsets, one batch per appended file.
+
+        The same records every time, in any process, whatever was appended since.
+
+        :raises CheckpointError: for a range that is not a range of offsets.
+        :raises ReadError: when the range ends past the records appended to the partition
+            (the directory is not the one the range was planned against).
+        """
+        directory = self._lifecycle.require("read_range")
+        partition, first, stop = range_bounds(_SOURCE_NAME, partition_range)
+        if stop > self._end(partition):
+            self._refresh(directory)
+        if stop > self._end(partition):
+            raise ReadError(
+                f"{_SOURCE_NAME}: partition {partition} holds {self._end(partition)} record(s) "
+                f"in {directory}, not the {stop} the range asks for; was the directory replaced?"
+            )
+        for segment in self._segments.get(partition, []):
+            if segment.stop <= first or segment.start >= stop:
+                continue
+            begin = max(first, segment.start)
+            end = min(stop, segment.stop)
+            yield read_arrow_file(segment.path).slice(begin - segment.start, end - begin)
+
+    def _check_appended(self, directory: Path, partition: int, offset: int) -> None:
+        if offset > self._end(partition):
+            raise CheckpointError(
+                f"{_SOURCE_NAME}: checkpoint offset {offset} of partition {partition} is "
+                f"past the {self._end(partition)} record(s) appended in {directory}; was the "
+                "directory replaced?"
+            )
 
     def metrics(self) -> ConnectorMetrics:
         """Records and Arrow bytes returned, and the lag.
@@ -333,7 +408,7 @@ def _record_schema(directory: Path, name: str) -> None:
         )
 
 
-class MemorySink(SinkConnector):
+class MemorySink(SinkConnector, DistributedCommitSink):
     """An exactly-once sink that commits epochs to a directory with a two-phase commit.
 
     - :meth:`begin_epoch` starts the epoch afresh in ``path/_staging/epoch-<e>/`` (staged
@@ -348,9 +423,17 @@ class MemorySink(SinkConnector):
     - :meth:`rollback_epoch` deletes the staged data and never touches a committed epoch.
 
     Read what was committed with :meth:`committed_ids` / :meth:`committed_table`. Writers of
-    one epoch must not run in parallel (the sink is not ``partitioned``): with nothing to say
-    which writer's staged files belong to the epoch, a retried writer's stale files would be
-    committed too.
+    one epoch must not call :meth:`write_batch` in parallel (the sink is not
+    ``partitioned``): with nothing to say which writer's staged files belong to the epoch, a
+    retried writer's stale files would be committed too.
+
+    Parallel writers use the distributed commit instead (:meth:`as_distributed_commit`):
+
+    - :meth:`stage` writes a task's batches to ``path/_staging/epoch-<e>/task-<t>/`` and
+      fsyncs them; its descriptor is JSON naming the task and its files;
+    - :meth:`commit_aggregated` deletes everything in the epoch's staging directory that no
+      descriptor names (failed attempts, crashed runs), writes the epoch's manifest listing
+      the named files, and publishes the epoch with one rename, as :meth:`commit_epoch` does.
     """
 
     CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (_PATH_KEY, SCHEMA_KEY)
@@ -525,8 +608,87 @@ class MemorySink(SinkConnector):
         if current is not None:
             self._epoch = None
 
+    def as_distributed_commit(self) -> DistributedCommitSink:
+        """This sink: write tasks stage in parallel, one commit publishes them."""
+        return self
+
+    async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
+        """Stage ``batches`` durably as task ``task``'s share of ``epoch``; still invisible.
+
+        When ``epoch`` is committed already (a re-delivery), the batches are read but
+        nothing is staged.
+
+        :returns: JSON ``{"task": task, "parts": [file names], "records": n}``.
+        :raises ValueError: when ``task`` cannot be part of a file name (letters, digits,
+            ``.``, ``_``, ``-``; at most 128) or ``epoch`` is not an epoch.
+        :raises SchemaMismatch: naming how a batch differs from :meth:`schema`.
+        """
+        settings = self._lifecycle.require("stage")
+        if not _TASK.fullmatch(task):
+            raise ValueError(f"memory sink: {task!r} cannot name a task's staging directory")
+        skip = _epoch_directory(settings.directory, _COMMITTED, epoch).exists()
+        staging = _epoch_directory(settings.directory, _STAGING, epoch) / f"task-{task}"
+        parts: list[str] = []
+        records = 0
+        async for batch in batches:
+            conformed = conform_batch("memory sink", settings.schema, batch)
+            if skip:
+                continue
+            if not parts:
+                make_dirs(staging)
+            part = staging / f"part-{len(parts):06d}.arrow"
+            part.write_bytes(arrow_file_bytes(conformed))
+            fsync_path(part)
+            parts.append(part.name)
+            records += conformed.num_rows
+            self._records_total += conformed.num_rows
+            self._bytes_total += conformed.nbytes
+        if parts:
+            fsync_path(staging)
+        return json.dumps({"task": task, "parts": parts, "records": records})
+
+    async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
+        """Publish the staging ``descriptors`` name as ``epoch``, atomically, discarding the rest.
+
+        Committing an epoch that is committed already does nothing but discard what was
+        staged for it since (a re-delivery's staging).
+
+        :raises TransactionError: when a descriptor is not one :meth:`stage` returned, names
+            a task twice, or names staged files that are gone (rolled back?).
+        """
+        settings = self._lifecycle.require("commit_aggregated")
+        committed = _epoch_directory(settings.directory, _COMMITTED, epoch)
+        staging = _epoch_directory(settings.directory, _STAGING, epoch)
+        if committed.exists():
+            _discard_staging(settings.directory, epoch)
+            return
+        tasks = _staged_tasks(epoch, descriptors)
+        parts = [f"task-{task}/{part}" for task, task_parts, _ in tasks for part in task_parts]
+        missing = [part for part in parts if not (staging / part).exists()]
+        if missing:
+            raise TransactionError(
+                f"memory sink: epoch {epoch} cannot be committed: staged file(s) "
+                f"{', '.join(missing)} are gone from {staging} (rolled back, or the directory "
+                "was replaced?)"
+            )
+        make_dirs(staging)
+        named = {f"task-{task}" for task, task_parts, _ in tasks if task_parts}
+        for entry in sorted(os.listdir(staging)):
+            if entry not in named:
+                _remove(staging / entry)
+        fsync_path(staging)
+        manifest = {"epoch": epoch, "parts": parts, "records": sum(n for _, _, n in tasks)}
+        write_file_atomically(staging / _MANIFEST, json.dumps(manifest).encode())
+        staging.rename(committed)
+        fsync_path(committed.parent)
+        fsync_path(staging.parent)
+        self._epochs_committed += 1
+
     async def rollback_epoch(self, epoch: int) -> None:
-        """Delete ``epoch``'s staged data, if any; a committed epoch is left as it is."""
+        """Delete ``epoch``'s staged data, if any; a committed epoch is left as it is.
+
+        That includes what every task staged for it.
+        """
         settings = self._lifecycle.require("rollback_epoch")
         _discard_staging(settings.directory, epoch)
         if self._epoch is not None and self._epoch.number == epoch:
@@ -555,6 +717,46 @@ class MemorySink(SinkConnector):
         """
         self._epoch = None
         self._lifecycle.close()
+
+
+def _staged_tasks(epoch: int, descriptors: Sequence[str]) -> list[tuple[str, list[str], int]]:
+    """``(task, parts, records)`` of each descriptor :meth:`MemorySink.stage` returned."""
+    tasks: list[tuple[str, list[str], int]] = []
+    for descriptor in descriptors:
+        try:
+            document = json.loads(descriptor)
+            task, parts, records = document["task"], document["parts"], document["records"]
+        except (ValueError, TypeError, KeyError) as error:
+            raise TransactionError(
+                f"memory sink: {descriptor!r} is not a commit descriptor of a memory sink's "
+                f"stage ({error}); epoch {epoch} cannot be committed with it"
+            ) from error
+        valid = (
+            isinstance(task, str)
+            and _TASK.fullmatch(task)
+            and isinstance(parts, list)
+            and all(isinstance(part, str) and _PART.fullmatch(part) for part in parts)
+            and isinstance(records, int)
+        )
+        if not valid:
+            raise TransactionError(
+                f"memory sink: {descriptor!r} is not a commit descriptor of a memory sink's "
+                f"stage; epoch {epoch} cannot be committed with it"
+            )
+        if any(task == seen for seen, _, _ in tasks):
+            raise TransactionError(
+                f"memory sink: task {task!r} is named twice in the commit of epoch {epoch}; "
+                "its records would be published twice"
+            )
+        tasks.append((task, parts, records))
+    return tasks
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _committed_batches(directory: Path) -> list[pa.RecordBatch]:

