@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -12,6 +12,7 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorError,
     ConnectorMetrics,
+    DistributedCommitSink,
     HealthStatus,
     ProtocolStep,
     SimulatedCrash,
@@ -57,6 +58,9 @@ class InjectedFault(ConnectorError):
 SINK_CALLS = ("begin_epoch", "write_batch", "pre_commit", "commit_epoch", "rollback_epoch")
 """The sink calls the kit injects faults into."""
 
+DISTRIBUTED_CALLS = ("stage", "commit_aggregated")
+"""The calls of a distributed-commit sink the kit injects faults into."""
+
 
 @dataclass(frozen=True, slots=True)
 class FaultPoint:
@@ -87,6 +91,20 @@ def every_fault_point(epoch: int) -> list[FaultPoint]:
         faults = [Fault.CRASH_BEFORE, Fault.CRASH_AFTER, Fault.ERROR_BEFORE]
         if call != "begin_epoch":
             faults.append(Fault.ERROR_AFTER)
+        points += [FaultPoint(call, fault, epoch) for fault in faults]
+    return points
+
+
+def every_distributed_fault_point(epoch: int) -> list[FaultPoint]:
+    """Every fault the distributed path (write tasks staging, one commit) must survive.
+
+    A crash at each :class:`ProtocolStep` (in a write task at ``write`` and ``pre-commit``),
+    and a crash or an error before and after ``stage`` and ``commit_aggregated`` (both may
+    be repeated: a failed task is retried, a commit finished by recovery).
+    """
+    points = [FaultPoint(step, Fault.CRASH_BEFORE, epoch) for step in ProtocolStep]
+    faults = [Fault.CRASH_BEFORE, Fault.CRASH_AFTER, Fault.ERROR_BEFORE, Fault.ERROR_AFTER]
+    for call in DISTRIBUTED_CALLS:
         points += [FaultPoint(call, fault, epoch) for fault in faults]
     return points
 
@@ -134,6 +152,30 @@ async def inject(
         raise SimulatedCrash(f"injected {fault.value} {where} of epoch {epoch}")
     if fault is not Fault.NONE:
         raise InjectedFault(f"injected {fault.value} {where} of epoch {epoch}")
+
+
+class FaultyDistributedCommit(DistributedCommitSink):
+    """Wraps a sink's distributed commit, injecting a :class:`FaultPlan`'s faults into it."""
+
+    def __init__(self, staging: DistributedCommitSink, plan: FaultPlan) -> None:
+        self._staging = staging
+        self._plan = plan
+
+    async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
+        """``stage``, with its planned fault."""
+        descriptors: list[str] = []
+
+        async def stage() -> None:
+            descriptors.append(await self._staging.stage(epoch, task, batches))
+
+        await inject(self._plan.take("stage", epoch), "stage", epoch, stage)
+        return descriptors[0]
+
+    async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
+        """``commit_aggregated``, with its planned fault."""
+        fault = self._plan.take("commit_aggregated", epoch)
+        commit = self._staging.commit_aggregated
+        await inject(fault, "commit_aggregated", epoch, lambda: commit(epoch, descriptors))
 
 
 class FaultySink(SinkConnector):
@@ -197,6 +239,11 @@ class FaultySink(SinkConnector):
     def capabilities(self) -> SinkConnectorCapabilities:
         """The wrapped sink's capabilities."""
         return self._sink.capabilities()
+
+    def as_distributed_commit(self) -> DistributedCommitSink | None:
+        """The wrapped sink's distributed commit, with the planned faults, if it offers one."""
+        staging = self._sink.as_distributed_commit()
+        return None if staging is None else FaultyDistributedCommit(staging, self._plan)
 
     async def close(self) -> None:
         """Close the wrapped sink."""

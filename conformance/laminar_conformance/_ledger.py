@@ -19,19 +19,32 @@ class AttemptStatus(enum.Enum):
     """Pre-committed, and the runtime's record of the epoch is durable: it must be committed."""
     COMMITTED = "committed"
     ROLLED_BACK = "rolled back"
+    ABANDONED = "abandoned"
+    """Given up without a rollback: a failed task attempt, or the staging of a crashed run."""
 
 
 @dataclass(slots=True)
 class Attempt:
-    """One attempt at writing an epoch; a rolled-back epoch is attempted again."""
+    """One attempt at writing an epoch, or a write task's share of it.
+
+    A rolled-back epoch is attempted again; a failed task is retried as a new attempt.
+    """
 
     epoch: int
     number: int
     ids: list[int] = field(default_factory=list)
     status: AttemptStatus = AttemptStatus.WRITING
+    task: str | None = None
 
     def __str__(self) -> str:
-        return f"epoch {self.epoch} (attempt {self.number}, {self.status.value})"
+        task = "" if self.task is None else f", task {self.task!r}"
+        return f"epoch {self.epoch} (attempt {self.number}{task}, {self.status.value})"
+
+
+_GIVEN_UP = {
+    AttemptStatus.ROLLED_BACK: "a rolled-back epoch",
+    AttemptStatus.ABANDONED: "an abandoned attempt",
+}
 
 
 class Ledger:
@@ -39,9 +52,12 @@ class Ledger:
 
     Ids are unique across attempts, so an id seen by a reader tells which attempt leaked or
     was duplicated.
+
+    :param commit_call: the call that publishes an epoch, for messages.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, commit_call: str = "commit_epoch") -> None:
+        self._commit_call = commit_call
         self._attempts: list[Attempt] = []
         self._origin: dict[int, Attempt] = {}
         self.committed: dict[int, list[int]] = {}
@@ -51,10 +67,10 @@ class Ledger:
         """The epoch after the newest committed one: the next to begin."""
         return max(self.committed, default=-1) + 1
 
-    def begin(self, epoch: int) -> Attempt:
-        """Start a new attempt at ``epoch``."""
+    def begin(self, epoch: int, task: str | None = None) -> Attempt:
+        """Start a new attempt at ``epoch`` (as write task ``task``, if given)."""
         number = 1 + sum(attempt.epoch == epoch for attempt in self._attempts)
-        attempt = Attempt(epoch, number)
+        attempt = Attempt(epoch, number, task=task)
         self._attempts.append(attempt)
         return attempt
 
@@ -67,10 +83,12 @@ class Ledger:
         attempt.ids += ids
         return ids
 
-    def commit(self, attempt: Attempt) -> None:
-        """Record that ``attempt`` was committed."""
-        attempt.status = AttemptStatus.COMMITTED
-        self.committed[attempt.epoch] = list(attempt.ids)
+    def commit(self, epoch: int, attempts: Iterable[Attempt]) -> None:
+        """Record that ``epoch`` was committed, made of ``attempts`` (one, or the tasks')."""
+        self.committed[epoch] = []
+        for attempt in attempts:
+            attempt.status = AttemptStatus.COMMITTED
+            self.committed[epoch] += attempt.ids
 
     @staticmethod
     def roll_back(attempt: Attempt) -> None:
@@ -87,8 +105,8 @@ class Ledger:
         """How ``visible`` (what a reader sees) breaks what the sink's capabilities promise.
 
         Every sink: no id of a committed epoch is missing. ``exactly_once``: none is visible
-        twice, and nothing of a rolled-back attempt is visible. ``two_phase_commit``: nothing
-        of an epoch not committed yet is visible either.
+        twice, and nothing of a rolled-back or abandoned attempt is visible.
+        ``two_phase_commit``: nothing of an epoch not committed yet is visible either.
         """
         seen = Counter(visible)
         expected = self.expected()
@@ -106,14 +124,13 @@ class Ledger:
             attempt = self._origin.get(ids[0])
             if attempt is None:
                 problems.append(f"ids the kit never wrote are visible: {ids}")
-            elif attempt.status is AttemptStatus.ROLLED_BACK and (
-                capabilities.exactly_once or capabilities.two_phase_commit
-            ):
-                problems.append(f"a rolled-back epoch left a trace: {self._describe(ids)}")
-            elif attempt.status is not AttemptStatus.ROLLED_BACK and (
-                capabilities.two_phase_commit
-            ):
-                problems.append(f"visible before commit_epoch: {self._describe(ids)}")
+            elif attempt.status in _GIVEN_UP:
+                if capabilities.exactly_once or capabilities.two_phase_commit:
+                    problems.append(
+                        f"{_GIVEN_UP[attempt.status]} left a trace: {self._describe(ids)}"
+                    )
+            elif capabilities.two_phase_commit:
+                problems.append(f"visible before {self._commit_call}: {self._describe(ids)}")
         return problems
 
     def _by_attempt(self, ids: Iterable[int]) -> list[list[int]]:

@@ -18,6 +18,13 @@ PROFILE_OPTION = "laminar_profile"
 PROFILE_VARIABLE = "LAMINAR_CONFORMANCE_PROFILE"
 """The environment variable that selects a profile when the option is not given."""
 
+NO_SPARK_OPTION = "laminar_no_spark"
+"""The pytest option (``--laminar-no-spark``) that skips the Spark layer's checks."""
+
+SPARK_CRASHES_OPTION = "laminar_spark_crashes"
+"""The pytest option (``--laminar-spark-crashes=commit:1,done:3``) that sets the crash schedule
+of the Spark layer's cases instead of drawing it: the replay of a failure's schedule."""
+
 CI_VARIABLE = "CI"
 """Set in CI: Hypothesis runs derandomized unless a seed is given."""
 
@@ -28,11 +35,15 @@ _SEED_KEY = pytest.StashKey["int | None"]()
 class Profile:
     """How much each check explores.
 
-    :param name: ``quick`` (under a minute per connector) or ``full`` (under ten minutes).
+    :param name: ``quick`` (in process, under a minute per connector) or ``full`` (under ten
+        minutes); the Spark layer adds its pipelines' time (see :data:`PROFILES`).
     :param machine_examples: schedules the epoch-protocol state machine runs.
     :param machine_steps: the most protocol calls in one schedule.
     :param recovery_examples: fault plans run through the epoch coordinator.
     :param replay_examples: poll / checkpoint / crash schedules run against a source.
+    :param spark_cases: pipelines the Spark layer runs (each a Spark driver per crash, and
+        one more to finish).
+    :param spark_crashes: crash points each Spark case kills its pipeline at, one at a time.
     """
 
     name: str
@@ -40,6 +51,8 @@ class Profile:
     machine_steps: int
     recovery_examples: int
     replay_examples: int
+    spark_cases: int = 1
+    spark_crashes: int = 1
 
     def settings(self, examples: int, *, seeded: bool) -> settings:
         """Hypothesis settings for a check that runs ``examples`` cases.
@@ -80,9 +93,16 @@ PROFILES = {
         machine_steps=50,
         recovery_examples=600,
         replay_examples=2000,
+        spark_crashes=10,
     ),
 }
-"""The profiles by name."""
+"""The profiles by name.
+
+On Spark, ``quick`` kills its pipeline once: two Spark drivers start, the one killed and the
+one that finishes. A driver's start-up dominates: one takes about 35 s on an idle two-core
+machine (JVM, then a Python worker per kind of task), so ``quick``'s Spark layer takes over a
+minute there, and two to three on a busy one. ``full`` kills it at all ten crash points of the
+design notes, one after the other, in one pipeline: eleven drivers."""
 
 
 def selected_profile(config: pytest.Config, default: str = "quick") -> Profile:

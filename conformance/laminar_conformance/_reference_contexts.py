@@ -73,9 +73,13 @@ class NullSinkContext:
 
 
 class MemorySourceContext:
-    """The ``memory`` source reading ``workdir/memory-source``, three partitions."""
+    """The ``memory`` source reading ``workdir/memory-source``, three partitions.
+
+    Records appended while a source runs reach it at its next poll (``live_appends``).
+    """
 
     partitions = _MEMORY_SOURCE_PARTITIONS
+    live_appends = True
 
     def __init__(self, workdir: Path) -> None:
         self._path = workdir / "memory-source"

@@ -12,6 +12,12 @@ from laminar_conformance._figures import FIGURE_PREFIX, Figures
 
 _OUTCOME_ORDER = {"failed": 0, "passed": 1, "skipped": 2}
 
+SPARK_CHECK_PREFIX = "test_spark_"
+"""The names of the Spark layer's checks start with this: the report sums them up."""
+
+SPARK_SCHEDULES_PROPERTY = "laminar.spark.schedules"
+"""The user property in which a Spark check reports the crash schedules it ran."""
+
 
 @dataclass(slots=True)
 class CheckResult:
@@ -22,6 +28,8 @@ class CheckResult:
     reason: str = ""
     duration_s: float = 0.0
     figures: dict[str, int] = field(default_factory=dict)
+    schedules: str = ""
+    """The crash schedules a Spark check ran, ``;``-separated."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +44,7 @@ class RunDescription:
     seed: int
     replay_command: str
     spark: str
+    """What the Spark layer was to do, or why it did not run (``not run (--no-spark)``)."""
 
 
 class ReportCollector:
@@ -50,7 +59,9 @@ class ReportCollector:
         result = self.results.setdefault(report.nodeid, CheckResult(name))
         result.duration_s += report.duration
         for key, value in report.user_properties:
-            if key.startswith(FIGURE_PREFIX) and isinstance(value, int):
+            if key == SPARK_SCHEDULES_PROPERTY and isinstance(value, str):
+                result.schedules = value
+            elif key.startswith(FIGURE_PREFIX) and isinstance(value, int):
                 result.figures[key.removeprefix(FIGURE_PREFIX)] = value
         if report.failed:
             result.outcome = "failed"
@@ -67,12 +78,31 @@ class ReportCollector:
         """How many checks passed, failed and were skipped."""
         return Counter(result.outcome for result in self.results.values())
 
-    def totals(self) -> dict[str, int]:
-        """Every figure summed over the checks."""
+    def totals(self, prefix: str = "") -> dict[str, int]:
+        """Every figure summed over the checks (whose names start with ``prefix``)."""
+        chosen = [r for r in self.results.values() if r.name.startswith(prefix)]
         return {
-            name: sum(result.figures.get(name, 0) for result in self.results.values())
+            name: sum(result.figures.get(name, 0) for result in chosen)
             for name in Figures.__dataclass_fields__
         }
+
+    def spark_summary(self, planned: str) -> str:
+        """How the Spark layer's checks went, with their figures; ``planned`` if none ran."""
+        spark = [r for r in self.results.values() if r.name.startswith(SPARK_CHECK_PREFIX)]
+        if not spark:
+            return planned
+        if all(result.outcome == "skipped" for result in spark):
+            return f"skipped: {spark[0].reason}"
+        outcome = "FAILED" if any(r.outcome == "failed" for r in spark) else "passed"
+        totals = self.totals(SPARK_CHECK_PREFIX)
+        seconds = sum(result.duration_s for result in spark)
+        schedules = "; ".join(result.schedules for result in spark if result.schedules)
+        return (
+            f"{outcome} — {totals['cases']} pipeline(s), {totals['faults']} crash(es) "
+            f"injected (SIGKILL of the Spark driver), {totals['epochs']} epochs committed, "
+            f"{totals['restarts']} restarts, {seconds:.1f} s"
+            + (f"; crash schedule(s): {schedules}" if schedules else "")
+        )
 
 
 def _cell(text: str) -> str:
@@ -98,7 +128,7 @@ def write_report(
         f"- Figures: {totals['cases']} cases run, {totals['faults']} faults injected, "
         f"{totals['epochs']} epochs committed or checkpoints restored, "
         f"{totals['restarts']} restarts",
-        f"- Spark layer: {run.spark}",
+        f"- Spark layer: {collector.spark_summary(run.spark)}",
         "",
         "## Checks",
         "",

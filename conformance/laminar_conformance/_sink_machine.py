@@ -246,7 +246,7 @@ class SinkProtocolMachine(RuleBasedStateMachine):
         self._runner.run(self._sink.rollback_epoch(self._ledger.next_epoch))
 
     def _committed(self, attempt: Attempt) -> None:
-        self._ledger.commit(attempt)
+        self._ledger.commit(attempt.epoch, [attempt])
         self._attempt = None
         self._commits_since_restart += 1
         self._figures.epochs += 1

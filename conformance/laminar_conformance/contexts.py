@@ -77,15 +77,19 @@ class SinkTestContext(Protocol):
 class SourceTestContext(Protocol):
     """One fresh source system for a source connector, and a way to put records into it.
 
-    The kit appends every record of a case before it opens the first source instance, so
-    that a context whose data is fixed when the source is configured (a generator) works.
+    The kit appends the first records of a case before it opens the first source instance,
+    so that a context whose data is fixed when the source is configured (a generator) works;
+    it appends more while sources run only when the context says it may (``live_appends``).
 
     Optional attributes, read when present:
 
     - ``partitions: int`` (default 1) — how many partitions the kit spreads records over; it
       passes ``partition=0 .. partitions - 1`` to :meth:`append` (``None`` when 1);
     - ``equal_partitions: bool`` (default ``False``) — when ``True``, the kit appends the same
-      number of records to every partition.
+      number of records to every partition;
+    - ``live_appends: bool`` (default ``False``) — when ``True``, records appended after a
+      source was opened reach it (a streaming system, not data fixed at configuration): the
+      kit then also appends while sources run, between polls, checkpoints and restores.
     """
 
     def config(self) -> ConnectorConfig:

@@ -9,21 +9,28 @@ Adopt them in a plugin's tests with one class per sink (fsspec's pattern)::
 
 The plugin must give the kit a :class:`~laminar_conformance.contexts.SinkTestContext` through
 the ``laminar_conformance_context`` hook. Adopt single suites (:class:`SinkContractSuite`,
-:class:`SinkEpochProtocolSuite`, :class:`SinkRecoverySuite`) to run part of it; override one
-check by defining a method of the same name (mark it ``pytest.mark.skip(reason=...)`` to leave
-it out, saying why). ``plugins = [my_plugin_module]`` uses a plugin that is not installed.
+:class:`SinkEpochProtocolSuite`, :class:`SinkRecoverySuite`,
+:class:`SinkDistributedCommitSuite`) to run part of it; override one check by defining a method
+of the same name (mark it ``pytest.mark.skip(reason=...)`` to leave it out, saying why).
+``plugins = [my_plugin_module]`` uses a plugin that is not installed.
 
 The sink's :meth:`~laminar_sdk.SinkConnector.capabilities` select the checks, and a claimed
 capability the sink does not keep fails: ``exactly_once`` — every committed id visible exactly
 once, a rolled-back epoch leaves no trace, a committed epoch delivered again is skipped;
 ``two_phase_commit`` — nothing is visible before ``commit_epoch``; ``idempotent`` — writing a
-committed epoch again adds nothing. Every sink must lose no committed id.
+committed epoch again adds nothing; ``schema_evolution`` — through ``as_schema_evolvable()``, a
+nullable column added between epochs is accepted; ``partitioned`` — through
+``as_distributed_commit()``, tasks staged at once are committed together. Every sink must lose
+no committed id. A sink offering ``as_distributed_commit()`` is held to that extension's
+promise: nothing staged is visible before ``commit_aggregated``, then exactly the staged output
+its descriptors name, once, whatever failed, crashed or was committed again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import tempfile
 from collections import Counter
 from collections.abc import Coroutine, Sequence
@@ -38,11 +45,18 @@ from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from laminar_conformance._config_checks import ConfigurationSuite
+from laminar_conformance._distributed_machine import (
+    DistributedCommitMachine,
+    TaskBatches,
+    distributed,
+)
 from laminar_conformance._faults import (
+    Fault,
     FaultPlan,
     FaultPoint,
     FaultySink,
     InjectedFault,
+    every_distributed_fault_point,
     every_fault_point,
 )
 from laminar_conformance._figures import Figures
@@ -53,18 +67,35 @@ from laminar_sdk import (
     Closed,
     ConnectorRole,
     EpochCoordinator,
+    EvolutionVerdict,
     HealthState,
     HealthStatus,
     RetryPolicy,
+    SchemaChangeKind,
     SchemaMismatch,
     SimulatedCrash,
     SinkConnector,
     SinkConnectorCapabilities,
 )
 
+# The write tasks' half of the coordinator's distributed path; not exported by laminar_sdk.
+from laminar_sdk._coordinator import stage_task
+
 _CHECKPOINT_STORE = "file"
-_UNCHECKED = ("upsert", "changelog", "schema_evolution", "partitioned")
+_UNCHECKABLE = {
+    "upsert": (
+        "upsert is declared, but the contract names no key: the test context's batch(ids) "
+        "carries ids, not keys, so the kit cannot tell which records should replace which; "
+        "check upserts in the plugin's own tests"
+    ),
+    "changelog": (
+        "changelog is declared, but the contract defines no encoding of insert and retract "
+        "records (no operation column in SinkConnector or the test context), so the kit cannot "
+        "write a retraction; check changelog records in the plugin's own tests"
+    ),
+}
 _UNREADABLE = "the test context cannot read the destination back (committed_ids() is None)"
+_ADDED_COLUMN = pa.field("laminar_conformance_added", pa.int64(), nullable=True)
 T = TypeVar("T")
 
 
@@ -107,6 +138,28 @@ class _Session:
 
     def visible(self) -> Counter[int]:
         return Counter(_require_readable(self.context))
+
+    async def stage(self, epoch: int, task: str, *batches: Sequence[int]) -> str:
+        """Stage ``batches`` (ids each) as write task ``task`` of ``epoch``, on a new instance."""
+        sink = await self.open()
+        records = [self.context.batch(ids) for ids in batches]
+        staging = distributed(sink, "an instance opened in a write task")
+        descriptor = await staging.stage(epoch, task, TaskBatches(records, Fault.NONE, epoch))
+        await sink.close()
+        assert isinstance(descriptor, str), f"stage() returned {descriptor!r}, not a str"
+        return descriptor
+
+    async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
+        """Commit ``descriptors`` as ``epoch`` on a new instance."""
+        sink = await self.open()
+        await distributed(sink, "a new instance").commit_aggregated(epoch, descriptors)
+        await sink.close()
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """Roll ``epoch`` back on a new instance."""
+        sink = await self.open()
+        await sink.rollback_epoch(epoch)
+        await sink.close()
 
     def run(self, scenario: Coroutine[object, object, T]) -> T:
         """Run ``scenario``, then close the context."""
@@ -233,16 +286,89 @@ class SinkContractSuite(ConfigurationSuite):
 
         session.run(scenario())
 
-    @pytest.mark.parametrize("capability", _UNCHECKED)
+    @pytest.mark.parametrize("capability", sorted(_UNCHECKABLE))
     @check
     def test_capabilities_not_checked_in_process(
         self, conformance: Target, figures: Figures, capability: str
     ) -> None:
-        """Capabilities this layer has no check for are reported as skipped, saying why."""
+        """Capabilities whose contract the kit cannot exercise are skipped, saying why."""
         figures.cases += 1
         if getattr(_capabilities(conformance), capability):
-            pytest.skip(f"{capability} is declared, but the in-process layer does not check it yet")
+            pytest.skip(_UNCHECKABLE[capability])
         pytest.skip(f"the sink does not declare {capability}")
+
+    @check
+    def test_schema_evolution_adds_a_column_between_epochs(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """``schema_evolution``: a nullable column added between epochs is accepted.
+
+        Through ``as_schema_evolvable()``: ``diff_schemas`` reports the one added column (and
+        nothing between equal schemas), ``evaluate_evolution`` finds it compatible,
+        ``apply_evolution`` returns the new schema, which ``schema()`` then is, and
+        ``schema_version()`` grows by one; an epoch of the new schema is committed after one
+        of the old. Also run when the sink offers ``as_schema_evolvable()`` without declaring
+        the capability, as far as it evaluates the change compatible.
+        """
+        figures.cases += 1
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            sink = await session.open()
+            declared = sink.capabilities().schema_evolution
+            evolvable = sink.as_schema_evolvable()
+            if evolvable is None:
+                await sink.close()
+                assert not declared, (
+                    "the sink declares schema_evolution, but as_schema_evolvable() returns "
+                    "None: offer SchemaEvolvable, through which the runtime evolves a schema"
+                )
+                pytest.skip("the sink neither declares schema_evolution nor offers it")
+            old = sink.schema()
+            new = old.append(_ADDED_COLUMN)
+            assert evolvable.diff_schemas(old, old) == [], "diff_schemas(s, s) is not empty"
+            changes = evolvable.diff_schemas(old, new)
+            added = [(change.kind, change.column) for change in changes]
+            assert added == [(SchemaChangeKind.COLUMN_ADDED, _ADDED_COLUMN.name)], (
+                f"diff_schemas(old, old + nullable {_ADDED_COLUMN.name}) returned {changes}, "
+                "not the one added column"
+            )
+            verdict = evolvable.evaluate_evolution(changes)
+            if verdict is not EvolutionVerdict.COMPATIBLE:
+                await sink.close()
+                assert not declared, (
+                    f"the sink declares schema_evolution, yet evaluates adding a nullable "
+                    f"column as {verdict.value}"
+                )
+                pytest.skip(f"the sink evaluates adding a nullable column as {verdict.value}")
+            await session.write_epoch(sink, 0, [1, 2])
+            version = evolvable.schema_version()
+            applied = await evolvable.apply_evolution(old, changes)
+            assert applied.equals(new), f"apply_evolution returned ({applied}), not ({new})"
+            assert sink.schema().equals(new), (
+                f"after apply_evolution, schema() is still ({sink.schema()}), so batches of the "
+                "evolved schema are refused"
+            )
+            assert evolvable.schema_version() == version + 1, (
+                f"schema_version() went from {version} to {evolvable.schema_version()}, not "
+                "up by one"
+            )
+            batch = session.context.batch([3, 4])
+            evolved = batch.append_column(_ADDED_COLUMN, pa.array([3, None], pa.int64()))
+            await sink.begin_epoch(1)
+            await sink.write_batch(evolved)
+            await sink.pre_commit(1)
+            await sink.commit_epoch(1)
+            figures.epochs += 2
+            await sink.close()
+            seen = session.context.committed_ids()
+            if seen is not None:
+                assert Counter(seen) >= Counter([1, 2, 3, 4]), (
+                    f"after epoch 0 (ids 1, 2) and, evolved, epoch 1 (ids 3, 4), a reader sees "
+                    f"{sorted(seen)}"
+                )
+
+        session.run(scenario())
 
 
 class SinkEpochProtocolSuite(ConnectorSuite):
@@ -406,6 +532,56 @@ async def _run_through_faults(
         return restarts
 
 
+async def _run_staged_through_faults(
+    session: _Session, store_directory: Path, epochs: list[list[list[int]]], plan: FaultPlan
+) -> int:
+    """Run ``epochs`` as Spark runs a distributed-commit sink, until done, through crashes.
+
+    Each batch of an epoch is one write task's share, staged on a new instance and retried
+    under a new name when it fails; then, on another new instance, the coordinator recovers
+    without rolling the epoch back and commits the tasks' descriptors — as Spark's writer
+    commit does. After a crash the next run stages the epoch again, with new task names.
+
+    :returns: the number of restarts.
+    """
+    store = _checkpoint_store(store_directory)
+    policy = RetryPolicy(call_timeout_s=60.0, attempts=len(plan) + 2, backoff_s=0.0)
+    restarts, epoch, attempts = 0, 0, itertools.count()
+    while epoch < len(epochs):
+        try:
+            descriptors = []
+            for task, ids in enumerate(epochs[epoch]):
+                while True:
+                    name = f"run-{restarts}.epoch-{epoch}.task-{task}.attempt-{next(attempts)}"
+                    sink = FaultySink(await session.open(), plan)
+                    batch = [session.context.batch(ids)]
+                    try:
+                        descriptors.append(
+                            await stage_task(
+                                "sink", sink, epoch, name, batch, observer=plan.observe
+                            )
+                        )
+                    except InjectedFault:
+                        continue  # Spark runs the task again, as a new attempt
+                    await sink.close()
+                    break
+            driver = FaultySink(await session.open(), plan)
+            coordinator = EpochCoordinator(
+                store, {"sink": driver}, policy=policy, observer=plan.observe
+            )
+            await coordinator.recover(roll_back_next=False)
+            try:
+                await coordinator.commit_staged(epoch, {"sink": descriptors})
+            except InjectedFault:
+                await driver.close()
+                continue  # rolled back before the decision: Spark runs the epoch again
+            await driver.close()
+            epoch += 1
+        except SimulatedCrash:
+            restarts += 1  # the run dies; Spark runs the epoch not in its commit log again
+    return restarts
+
+
 def _delivery_problems(
     visible: Counter[int], epochs: list[list[list[int]]], exactly_once: bool
 ) -> list[str]:
@@ -429,6 +605,56 @@ def _epochs_of(sizes: list[list[int]]) -> list[list[list[int]]]:
     return [[[next(counter) for _ in range(size)] for size in batches] for batches in sizes]
 
 
+def _check_run(
+    target: Target,
+    figures: Figures,
+    sizes: list[list[int]],
+    points: list[FaultPoint],
+    *,
+    staged: bool,
+) -> None:
+    """Run epochs of ``sizes`` with faults at ``points``; check what a reader sees.
+
+    :param staged: run them as a distributed-commit sink's (each batch a write task), held to
+        exactly once; else through ``run_epoch``, held to what the sink declares.
+    """
+    session = _Session(target)
+    if session.context.committed_ids() is None:
+        session.context.close()
+        pytest.skip(_UNREADABLE)
+    exactly_once = staged or _capabilities(target).exactly_once
+    epochs = _epochs_of(sizes)
+    plan = FaultPlan(points)
+    store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
+    run = _run_staged_through_faults if staged else _run_through_faults
+
+    async def scenario() -> tuple[int, Counter[int]]:
+        restarts = await run(session, store, epochs, plan)
+        return restarts, session.visible()
+
+    restarts, visible = session.run(scenario())
+    figures.cases += 1
+    figures.restarts += restarts
+    figures.faults += len(plan.fired)
+    figures.epochs += len(epochs)
+    problems = _delivery_problems(visible, epochs, exactly_once)
+    guarantee = "exactly once" if exactly_once else "at least once"
+    path = "staged by write tasks and committed" if staged else "through the coordinator"
+    assert not problems, (
+        f"{len(epochs)} epochs {path} with faults "
+        f"[{'; '.join(map(str, plan.fired)) or 'none fired'}]: not delivered {guarantee}: "
+        + "; ".join(problems)
+    )
+
+
+def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[list[FaultPoint]]:
+    """Lists of up to four of ``points``, each moved to one of the first ``epochs`` epochs."""
+    moved = st.tuples(st.sampled_from(points), st.integers(0, epochs - 1)).map(
+        lambda chosen: dataclasses.replace(chosen[0], epoch=chosen[1])
+    )
+    return st.lists(moved, max_size=4)
+
+
 class SinkRecoverySuite(ConnectorSuite):
     """End to end through the SDK's epoch coordinator, crashing at every protocol step."""
 
@@ -437,31 +663,7 @@ class SinkRecoverySuite(ConnectorSuite):
     def _check_run(
         self, target: Target, figures: Figures, sizes: list[list[int]], points: list[FaultPoint]
     ) -> None:
-        session = _Session(target)
-        if session.context.committed_ids() is None:
-            session.context.close()
-            pytest.skip(_UNREADABLE)
-        exactly_once = _capabilities(target).exactly_once
-        epochs = _epochs_of(sizes)
-        plan = FaultPlan(points)
-        store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
-
-        async def scenario() -> tuple[int, Counter[int]]:
-            restarts = await _run_through_faults(session, store, epochs, plan)
-            return restarts, session.visible()
-
-        restarts, visible = session.run(scenario())
-        figures.cases += 1
-        figures.restarts += restarts
-        figures.faults += len(plan.fired)
-        figures.epochs += len(epochs)
-        problems = _delivery_problems(visible, epochs, exactly_once)
-        guarantee = "exactly once" if exactly_once else "at least once"
-        assert not problems, (
-            f"{len(epochs)} epochs through the coordinator with faults "
-            f"[{'; '.join(map(str, plan.fired)) or 'none fired'}]: not delivered {guarantee}: "
-            + "; ".join(problems)
-        )
+        _check_run(target, figures, sizes, points, staged=False)
 
     @pytest.mark.parametrize("point", every_fault_point(1), ids=str)
     @check
@@ -474,13 +676,10 @@ class SinkRecoverySuite(ConnectorSuite):
     @check
     def test_delivery_survives_any_faults(self, conformance: Target, figures: Figures) -> None:
         """Random epochs and several faults at random points, through the coordinator."""
-        points = st.tuples(st.sampled_from(every_fault_point(0)), st.integers(0, 3)).map(
-            lambda chosen: dataclasses.replace(chosen[0], epoch=chosen[1])
-        )
 
         @given(
             sizes=st.lists(st.lists(st.integers(0, 3), max_size=3), min_size=1, max_size=4),
-            points=st.lists(points, max_size=4),
+            points=_fault_points(4, every_fault_point(0)),
         )
         def run(sizes: list[list[int]], points: list[FaultPoint]) -> None:
             self._check_run(conformance, figures, sizes, points)
@@ -488,5 +687,221 @@ class SinkRecoverySuite(ConnectorSuite):
         conformance.seeded(conformance.settings(conformance.profile.recovery_examples)(run))()
 
 
-class SinkSuite(SinkContractSuite, SinkEpochProtocolSuite, SinkRecoverySuite):
-    """Every sink check: contract, epoch protocol, and recovery from crashes."""
+def _require_distributed(target: Target, *, parallel: bool = False) -> None:
+    """Skip, saying why, unless the sink offers a distributed commit and can be read back.
+
+    :param parallel: for the check of parallel writes, which also stands for ``partitioned``.
+    """
+    session = _Session(target)
+
+    async def offered() -> tuple[bool, bool]:
+        sink = await session.open()
+        try:
+            readable = session.context.committed_ids() is not None
+            return sink.as_distributed_commit() is not None, readable
+        finally:
+            await sink.close()
+
+    offers, readable = session.run(offered())
+    if not offers:
+        if parallel and _capabilities(target).partitioned:
+            pytest.skip(
+                "partitioned is declared, but the sink does not offer as_distributed_commit(): "
+                "the contract says how several writers of one epoch commit together only "
+                "through that extension, so parallel writes are not checked"
+            )
+        pytest.skip("the sink does not offer as_distributed_commit()")
+    if not readable:
+        pytest.skip(_UNREADABLE)
+
+
+class SinkDistributedCommitSuite(ConnectorSuite):
+    """``as_distributed_commit()``: tasks' staged shares, committed together, exactly once."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SINK
+
+    @check
+    def test_distributed_commit_state_machine(self, conformance: Target, figures: Figures) -> None:
+        """Random stages, faults, commits, rollbacks, restarts and re-runs vs a model."""
+        _require_distributed(conformance)
+
+        class DistributedCommit(DistributedCommitMachine):
+            def __init__(self) -> None:
+                super().__init__(conformance, figures)
+
+        # A third of the epoch-protocol schedules: every staging opens an instance of its own.
+        examples = max(1, conformance.profile.machine_examples // 3)
+        run_state_machine_as_test(
+            conformance.seeded(DistributedCommit), settings=conformance.settings(examples)
+        )
+
+    @pytest.mark.parametrize("point", every_distributed_fault_point(1), ids=str)
+    @check
+    def test_staged_delivery_survives_a_fault_at_each_point(
+        self, conformance: Target, figures: Figures, point: FaultPoint
+    ) -> None:
+        """Three epochs staged by tasks, through the coordinator; one fault in epoch 1."""
+        _require_distributed(conformance)
+        _check_run(conformance, figures, [[2, 1], [2, 1], [3]], [point], staged=True)
+
+    @check
+    def test_staged_delivery_survives_any_faults(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Random epochs of tasks, several faults at random points, through the coordinator."""
+        _require_distributed(conformance)
+
+        @given(
+            sizes=st.lists(
+                st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=4
+            ),
+            points=_fault_points(4, every_distributed_fault_point(0)),
+        )
+        def run(sizes: list[list[int]], points: list[FaultPoint]) -> None:
+            _check_run(conformance, figures, sizes, points, staged=True)
+
+        # Half the recovery cases: each task of each attempt opens an instance of its own.
+        examples = max(1, conformance.profile.recovery_examples // 2)
+        conformance.seeded(conformance.settings(examples)(run))()
+
+    @check
+    def test_nothing_staged_is_visible_before_commit_aggregated(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Staged shares stay invisible until ``commit_aggregated`` publishes them all."""
+        _require_distributed(conformance)
+        figures.cases += 1
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            first = await session.stage(0, "run-0.epoch-0.task-0", [1, 2], [3])
+            seen = session.visible()
+            assert not seen, f"staged ids {sorted(seen.elements())} are visible before commit"
+            second = await session.stage(0, "run-0.epoch-0.task-1", [4])
+            seen = session.visible()
+            assert not seen, f"staged ids {sorted(seen.elements())} are visible before commit"
+            await session.commit_aggregated(0, [first, second])
+            assert session.visible() == Counter([1, 2, 3, 4]), (
+                "after commit_aggregated of two tasks (ids 1, 2, 3 and 4), a reader sees "
+                f"{sorted(session.visible().elements())}"
+            )
+            figures.epochs += 1
+
+        session.run(scenario())
+
+    @check
+    def test_only_the_named_attempts_are_published(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Staging no descriptor names — failed attempts, a crashed run — is never published."""
+        _require_distributed(conformance)
+        figures.cases += 1
+        figures.restarts += 1
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            await session.stage(0, "run-0.epoch-0.task-0", [1])  # the run then crashed
+            await session.stage(0, "run-1.epoch-0.task-0.attempt-0", [2, 3])  # reply lost
+            retried = await session.stage(0, "run-1.epoch-0.task-0.attempt-1", [4, 5])
+            other = await session.stage(0, "run-1.epoch-0.task-1.attempt-0", [6])
+            await session.commit_aggregated(0, [other, retried])
+            await session.stage(0, "run-1.epoch-0.task-1.attempt-1", [7])  # a zombie
+            assert session.visible() == Counter([4, 5, 6]), (
+                "epoch 0 committed with the descriptors of two attempts (ids 4, 5 and 6), "
+                "after a crashed run staged id 1 and a failed attempt ids 2, 3, and before a "
+                f"zombie attempt staged id 7: a reader sees {sorted(session.visible().elements())}"
+            )
+            figures.epochs += 1
+
+        session.run(scenario())
+
+    @check
+    def test_commit_aggregated_again_after_a_restart_adds_nothing(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Committing a committed epoch again, on new instances, in any order, does nothing."""
+        _require_distributed(conformance)
+        figures.cases += 1
+        figures.restarts += 2
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            zero = [
+                await session.stage(0, "run-0.epoch-0.task-0", [1, 2]),
+                await session.stage(0, "run-0.epoch-0.task-1", [3]),
+            ]
+            await session.commit_aggregated(0, zero)
+            await session.commit_aggregated(0, zero[::-1])
+            one = [await session.stage(1, "run-1.epoch-1.task-0", [4])]
+            await session.commit_aggregated(1, one)
+            await session.commit_aggregated(0, zero)
+            await session.commit_aggregated(1, one)
+            assert session.visible() == Counter([1, 2, 3, 4]), (
+                "epochs 0 (ids 1, 2, 3) and 1 (id 4), each committed again after a restart: a "
+                f"reader sees {sorted(session.visible().elements())}"
+            )
+            figures.epochs += 2
+
+        session.run(scenario())
+
+    @check
+    def test_a_rolled_back_epoch_leaves_no_trace_of_any_task(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """``rollback_epoch`` on any instance discards every task's staging of the epoch."""
+        _require_distributed(conformance)
+        figures.cases += 1
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            await session.stage(0, "run-0.epoch-0.task-0", [1])
+            await session.stage(0, "run-0.epoch-0.task-1", [2, 3])
+            await session.rollback_epoch(0)
+            await session.rollback_epoch(0)
+            again = await session.stage(0, "run-0.epoch-0.task-0.attempt-1", [4])
+            await session.commit_aggregated(0, [again])
+            assert session.visible() == Counter([4]), (
+                "epoch 0 rolled back after two tasks staged ids 1, 2, 3, then staged again "
+                f"(id 4) and committed: a reader sees {sorted(session.visible().elements())}"
+            )
+            figures.epochs += 1
+
+        session.run(scenario())
+
+    @check
+    def test_tasks_staged_in_parallel_are_committed_together(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Four tasks stage one epoch at once, batches interleaved; one commit publishes all.
+
+        This is also the check of ``partitioned``: writes of several partitions of one epoch
+        in parallel.
+        """
+        _require_distributed(conformance, parallel=True)
+        figures.cases += 1
+        session = _Session(conformance)
+        shares = [[[10 * task + n] for n in range(3)] for task in range(4)]
+
+        async def scenario() -> None:
+            descriptors = await asyncio.gather(
+                *(
+                    session.stage(0, f"run-0.epoch-0.task-{task}", *share)
+                    for task, share in enumerate(shares)
+                )
+            )
+            assert not session.visible(), "staged shares are visible before commit_aggregated"
+            await session.commit_aggregated(0, descriptors)
+            expected = Counter(record for share in shares for ids in share for record in ids)
+            assert session.visible() == expected, (
+                f"four tasks staged ids {sorted(expected)} at once, then one commit: a reader "
+                f"sees {sorted(session.visible().elements())}"
+            )
+            figures.epochs += 1
+
+        session.run(scenario())
+
+
+class SinkSuite(
+    SinkContractSuite, SinkEpochProtocolSuite, SinkRecoverySuite, SinkDistributedCommitSuite
+):
+    """Every sink check: contract, epoch protocol, recovery, and distributed commit."""

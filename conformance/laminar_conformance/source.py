@@ -1,4 +1,4 @@
-"""The source conformance suites: contract, and replay from checkpoints.
+"""The source conformance suites: contract, replay from checkpoints, and range reads.
 
 Adopt them in a plugin's tests with one class per source (fsspec's pattern)::
 
@@ -8,49 +8,44 @@ Adopt them in a plugin's tests with one class per source (fsspec's pattern)::
         connector = "my-source"
 
 The plugin must give the kit a :class:`~laminar_conformance.contexts.SourceTestContext`
-through the ``laminar_conformance_context`` hook. Adopt :class:`SourceContractSuite` or
-:class:`SourceReplaySuite` alone to run part of it; override one check by defining a method of
-the same name. ``plugins = [my_plugin_module]`` uses a plugin that is not installed.
+through the ``laminar_conformance_context`` hook. Adopt :class:`SourceContractSuite`,
+:class:`SourceReplaySuite` or :class:`SourceRangeReadSuite` alone to run part of it; override
+one check by defining a method of the same name. ``plugins = [my_plugin_module]`` uses a plugin
+that is not installed.
 
 The replay checks run when the source's ``supports_replay()`` is true: a checkpoint restored
 on a new instance must resume exactly *after* the last record returned before it — no record
-lost, none repeated — with each partition restored independently.
+lost, none repeated — with each partition restored independently, also while records are
+appended (when the context's appends reach a running source). The range-read checks run when
+the source offers ``as_range_readable()``: the ranges between two checkpoints hold exactly the
+records polling returned between them, and ``plan_end`` ends where polling ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 from collections import Counter
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
-import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_conformance._config_checks import ConfigurationSuite
 from laminar_conformance._figures import Figures
+from laminar_conformance._range_reads import RangeCase, RangeStep, plan_then_append
+from laminar_conformance._source_system import Delivery, SourceSystem, compare
 from laminar_conformance._suite import ConnectorSuite, Target, check
-from laminar_conformance.contexts import SourceTestContext
 from laminar_sdk import (
     Closed,
     ConnectorRole,
     HealthState,
     HealthStatus,
     SourceCheckpoint,
-    SourceConnector,
 )
 
-T = TypeVar("T")
-
-MAX_RECORDS_PER_PARTITION = 12
-"""The most records a replay case appends to one partition."""
-
-# One step of a replay schedule: ("poll", max_records), ("checkpoint", 0) or ("crash", 0).
+# One step of a replay schedule: ("poll", max_records), ("checkpoint", 0), ("crash", 0), or
+# ("append", records per partition) where the context's appends reach a running source.
 _STEPS = st.lists(
     st.one_of(
         st.tuples(st.just("poll"), st.integers(1, 5)),
@@ -58,97 +53,18 @@ _STEPS = st.lists(
     ),
     max_size=30,
 )
-
-
-@dataclass(slots=True)
-class _Delivery:
-    """What a downstream received, in order, with the partition each record came from."""
-
-    ids: list[int] = field(default_factory=list)
-    partitions: list[str | None] = field(default_factory=list)
-
-    def truncate(self, length: int) -> None:
-        del self.ids[length:]
-        del self.partitions[length:]
-
-
-class _Source:
-    """One source system, filled by the kit, and the source instances reading it."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.context: SourceTestContext = target.source_context()
-        self.partitions = int(getattr(self.context, "partitions", 1))
-        self.equal_partitions = bool(getattr(self.context, "equal_partitions", False))
-        self.idle_timeout_s = float(getattr(self.context, "poll_timeout_s", 0.0))
-        self.appended: Counter[int] = Counter()
-        self._next_id = itertools.count()
-
-    def append(self, counts: list[int]) -> None:
-        """Append ``counts[p]`` new ids to each partition ``p``."""
-        for partition, count in enumerate(counts):
-            ids = [next(self._next_id) for _ in range(count)]
-            self.context.append(ids, partition if self.partitions > 1 else None)
-            self.appended.update(ids)
-
-    def counts(self) -> st.SearchStrategy[list[int]]:
-        """Records per partition, as the context allows."""
-        per_partition = st.integers(0, MAX_RECORDS_PER_PARTITION)
-        if self.equal_partitions:
-            return per_partition.map(lambda count: [count] * self.partitions)
-        return st.lists(per_partition, min_size=self.partitions, max_size=self.partitions)
-
-    async def open(self, checkpoint: SourceCheckpoint | None = None) -> SourceConnector:
-        """A new instance, opened, and restored from ``checkpoint`` (via its JSON) if given."""
-        source, _ = await self.target.plugins.registry.open_source(
-            self.target.connector, self.context.config().properties
-        )
-        if checkpoint is not None:
-            await source.restore(SourceCheckpoint.from_json(checkpoint.to_json()))
-        return source
-
-    def run(self, scenario: Coroutine[object, object, T]) -> T:
-        """Run ``scenario``, then close the context."""
-        try:
-            return asyncio.run(scenario)
-        finally:
-            self.context.close()
-
-    async def poll(self, source: SourceConnector, max_records: int, delivery: _Delivery) -> bool:
-        """Poll once into ``delivery``, checking the batch; ``False`` when nothing came."""
-        batch = await source.poll_batch(max_records)
-        if batch is None:
-            return False
-        schema = source.schema()
-        assert batch.records.schema.equals(schema), (
-            f"poll_batch returned a batch with schema ({_render(batch.records.schema)}), "
-            f"but schema() is ({_render(schema)})"
-        )
-        assert 0 <= batch.num_rows <= max_records, (
-            f"poll_batch({max_records}) returned {batch.num_rows} records"
-        )
-        ids = self.context.ids(batch.records)
-        assert len(ids) == batch.num_rows, "the context's ids() does not give one id per record"
-        delivery.ids += ids
-        partition = None if batch.partition is None else batch.partition.id
-        delivery.partitions += [partition] * len(ids)
-        return True
-
-    async def drain(
-        self, source: SourceConnector, delivery: _Delivery, expected: int, max_records: int = 7
-    ) -> None:
-        """Poll until the source has nothing more, expecting ``expected`` records in all."""
-        deadline = time.monotonic() + self.idle_timeout_s
-        while True:
-            if await self.poll(source, max_records, delivery):
-                continue
-            if len(delivery.ids) >= expected or time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(0.01)
-
-
-def _render(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+_LIVE_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("poll"), st.integers(1, 5)),
+        st.tuples(st.sampled_from(["checkpoint", "crash"]), st.just(0)),
+        st.tuples(st.just("append"), st.integers(1, 3)),
+    ),
+    max_size=30,
+)
+_NOT_LIVE = (
+    "the test context's records are fixed when the source is configured (it does not set "
+    "`live_appends = True`), so records appended while a source runs are not checked"
+)
 
 
 def _require_replay(target: Target) -> None:
@@ -156,18 +72,6 @@ def _require_replay(target: Target) -> None:
         pytest.skip(
             "supports_replay() is False: the source cannot go back, so replay is not checked"
         )
-
-
-def _compare(got: list[int], expected: Counter[int], what: str) -> None:
-    received = Counter(got)
-    lost = sorted((expected - received).elements())
-    repeated = sorted((received - expected).elements())
-    problems = []
-    if lost:
-        problems.append(f"lost ids {lost[:12]}")
-    if repeated:
-        problems.append(f"repeated or unknown ids {repeated[:12]}")
-    assert not problems, f"{what}: " + "; ".join(problems)
 
 
 class SourceContractSuite(ConfigurationSuite):
@@ -180,19 +84,19 @@ class SourceContractSuite(ConfigurationSuite):
         self, conformance: Target, figures: Figures
     ) -> None:
         """Batches match ``schema()`` and ``max_records``; every appended record comes once."""
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         uneven = [5 + partition for partition in range(system.partitions)]
         system.append([6] * system.partitions if system.equal_partitions else uneven)
 
         async def scenario() -> None:
             source = await system.open()
-            delivery = _Delivery()
+            delivery = Delivery()
             for max_records in itertools.cycle([1, 2, 3, 7]):
                 if not await system.poll(source, max_records, delivery):
                     break
             await system.drain(source, delivery, system.appended.total())
             await source.close()
-            _compare(delivery.ids, system.appended, "reading every record once")
+            compare(delivery.ids, system.appended, "reading every record once")
 
         figures.cases += 1
         system.run(scenario())
@@ -203,12 +107,12 @@ class SourceContractSuite(ConfigurationSuite):
     ) -> None:
         """An empty system gives ``None`` from ``poll_batch`` (or only empty batches)."""
         figures.cases += 1
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         system.append([0] * system.partitions)
 
         async def scenario() -> None:
             source = await system.open()
-            delivery = _Delivery()
+            delivery = Delivery()
             await system.drain(source, delivery, 0)
             await source.close()
             assert delivery.ids == [], f"an empty source returned ids {delivery.ids[:12]}"
@@ -219,7 +123,7 @@ class SourceContractSuite(ConfigurationSuite):
     def test_calls_after_close_raise_closed(self, conformance: Target, figures: Figures) -> None:
         """After ``close()``, ``poll_batch`` and ``checkpoint`` raise :class:`Closed`."""
         figures.cases += 1
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         system.append([2] * system.partitions)
 
         async def scenario() -> None:
@@ -238,7 +142,7 @@ class SourceContractSuite(ConfigurationSuite):
     ) -> None:
         """What ``checkpoint()`` returns is the same after ``to_json`` / ``from_json``."""
         figures.cases += 1
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         system.append([3] * system.partitions)
 
         async def scenario() -> None:
@@ -257,7 +161,7 @@ class SourceContractSuite(ConfigurationSuite):
     def test_health_and_metrics_are_sane(self, conformance: Target, figures: Figures) -> None:
         """``health_check`` gives a status, not unhealthy; counters never go down or below 0."""
         figures.cases += 1
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         system.append([4] * system.partitions)
 
         async def scenario() -> None:
@@ -293,51 +197,83 @@ class SourceReplaySuite(ConnectorSuite):
         instance, must return exactly the records not received before it was taken.
         """
         _require_replay(conformance)
-        probe = _Source(conformance)
+        probe = SourceSystem(conformance)
         probe.context.close()
 
         @given(counts=probe.counts(), steps=_STEPS)
         def run(counts: list[int], steps: list[tuple[str, int]]) -> None:
             figures.cases += 1
-            system = _Source(conformance)
+            system = SourceSystem(conformance)
             system.append(counts)
             system.run(self._replay_case(system, figures, counts, steps))
 
         conformance.seeded(conformance.settings(conformance.profile.replay_examples)(run))()
 
-    async def _replay_case(
-        self, system: _Source, figures: Figures, counts: list[int], steps: list[tuple[str, int]]
+    @check
+    def test_records_appended_while_reading_are_returned_once_across_restores(
+        self, conformance: Target, figures: Figures
     ) -> None:
-        total = system.appended.total()
+        """As the replay check, with records appended between polls, checkpoints and crashes.
+
+        Records appended after a checkpoint was taken, or while a restored instance runs,
+        must be returned once: neither hidden by a cached end of the data nor read twice.
+        """
+        _require_replay(conformance)
+        probe = SourceSystem(conformance)
+        probe.context.close()
+        if not probe.live_appends:
+            pytest.skip(_NOT_LIVE)
+
+        @given(counts=probe.counts(), steps=_LIVE_STEPS)
+        def run(counts: list[int], steps: list[tuple[str, int]]) -> None:
+            figures.cases += 1
+            system = SourceSystem(conformance)
+            system.append(counts)
+            system.run(self._replay_case(system, figures, counts, steps))
+
+        # Half the replay cases: the appends make each case longer.
+        examples = max(1, conformance.profile.replay_examples // 2)
+        conformance.seeded(conformance.settings(examples)(run))()
+
+    async def _replay_case(
+        self,
+        system: SourceSystem,
+        figures: Figures,
+        counts: list[int],
+        steps: list[tuple[str, int]],
+    ) -> None:
         source = await system.open()
-        delivery = _Delivery()
+        delivery = Delivery()
         durable: SourceCheckpoint | None = None
         durable_length = 0
         taken: list[tuple[SourceCheckpoint, Counter[int]]] = []
-        for action, max_records in steps:
+        for action, amount in steps:
             if action == "poll":
-                await system.poll(source, max_records, delivery)
+                await system.poll(source, amount, delivery)
             elif action == "checkpoint":
                 durable, durable_length = source.checkpoint(), len(delivery.ids)
                 taken.append((durable, Counter(delivery.ids)))
+            elif action == "append":
+                system.append([amount] * system.partitions)
             else:
                 source = await system.open(durable)  # the old instance dies without close()
                 delivery.truncate(durable_length)
                 figures.restarts += 1
+        total = system.appended.total()
         await system.drain(source, delivery, total)
         await source.close()
-        _compare(
+        compare(
             delivery.ids,
             system.appended,
             f"polling {steps} with crashes restoring the last checkpoint (records {counts})",
         )
         for checkpoint, before in taken[-3:]:
             restored = await system.open(checkpoint)
-            after = _Delivery()
+            after = Delivery()
             await system.drain(restored, after, total - before.total())
             await restored.close()
             figures.epochs += 1
-            _compare(
+            compare(
                 after.ids,
                 system.appended - before,
                 f"restoring {checkpoint!r}, taken after ids {sorted(before.elements())[:12]} "
@@ -350,7 +286,7 @@ class SourceReplaySuite(ConnectorSuite):
     ) -> None:
         """A checkpoint holding one partition's offset resumes that one; the rest start over."""
         _require_replay(conformance)
-        system = _Source(conformance)
+        system = SourceSystem(conformance)
         if system.partitions < 2:
             system.context.close()
             pytest.skip("the test context has one partition (set its `partitions` attribute)")
@@ -358,7 +294,7 @@ class SourceReplaySuite(ConnectorSuite):
 
         async def scenario() -> None:
             source = await system.open()
-            delivery = _Delivery()
+            delivery = Delivery()
             for _ in range(2 * system.partitions):
                 await system.poll(source, 2, delivery)
             checkpoint = source.checkpoint()
@@ -370,7 +306,7 @@ class SourceReplaySuite(ConnectorSuite):
                     continue
                 alone = SourceCheckpoint({partition: offset}, metadata=checkpoint.metadata)
                 restored = await system.open(alone)
-                after = _Delivery()
+                after = Delivery()
                 returned = Counter(
                     record
                     for record, part in zip(delivery.ids, delivery.partitions, strict=True)
@@ -380,7 +316,7 @@ class SourceReplaySuite(ConnectorSuite):
                 await restored.close()
                 figures.cases += 1
                 figures.epochs += 1
-                _compare(
+                compare(
                     after.ids,
                     system.appended - returned,
                     f"restoring only partition {partition!r} at offset {offset!r} of "
@@ -392,5 +328,90 @@ class SourceReplaySuite(ConnectorSuite):
             pytest.skip("the checkpoint's offsets are not keyed by the batches' PartitionInfo.id")
 
 
-class SourceSuite(SourceContractSuite, SourceReplaySuite):
-    """Every source check: contract and replay."""
+def _require_range_readable(target: Target) -> None:
+    system = SourceSystem(target)
+
+    async def offered() -> tuple[bool, bool]:
+        source = await system.open()
+        try:
+            return source.as_range_readable() is not None, source.supports_replay()
+        finally:
+            await source.close()
+
+    readable, replays = system.run(offered())
+    if not readable:
+        pytest.skip(
+            "as_range_readable() is None: the source is read by polling only, so range reads "
+            "are not checked"
+        )
+    assert replays, (
+        "the source offers as_range_readable() but its supports_replay() is False: a range "
+        "read is a replay of the records between two checkpoints, so only a replayable source "
+        "can offer it"
+    )
+
+
+class SourceRangeReadSuite(ConnectorSuite):
+    """``as_range_readable()``: range reads and planned ends agree with polling."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SOURCE
+
+    @check
+    def test_range_reads_return_exactly_what_polling_returned(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Random polls, checkpoints, appends and plans; then ranges read against polling.
+
+        One instance polls to the end, the reference. Between sampled pairs of its
+        checkpoints, ``read_range`` of every partition that moved returns exactly the ids
+        polling returned between them, in order — twice on one instance, and once more on new
+        instances reading all partitions at once. ``plan_end(start, None)`` ends where
+        polling ends; chained ``plan_end(start, k)`` plans at most ``k`` records each and
+        reaches the same end; with nothing new it returns equal offsets; a plan made while
+        the source ran names no record appended after it and does not move its instance.
+        """
+        _require_range_readable(conformance)
+        probe = SourceSystem(conformance)
+        probe.context.close()
+        choices = [
+            st.tuples(st.just("poll"), st.integers(1, 5)),
+            st.tuples(st.just("checkpoint"), st.just(0)),
+            st.tuples(st.just("plan"), st.integers(0, 5)),
+        ]
+        if probe.live_appends:
+            choices.append(st.tuples(st.just("append"), st.integers(1, 3)))
+        indexes = st.integers(0, 30)
+
+        @given(
+            counts=probe.counts(),
+            steps=st.lists(st.one_of(choices), max_size=25),
+            pairs=st.lists(st.tuples(indexes, indexes), min_size=1, max_size=3),
+            chunk=st.integers(1, 8),
+        )
+        def run(
+            counts: list[int], steps: list[RangeStep], pairs: list[tuple[int, int]], chunk: int
+        ) -> None:
+            figures.cases += 1
+            system = SourceSystem(conformance)
+            system.append(counts)
+            system.run(RangeCase(system, figures).run(steps, pairs, chunk))
+
+        # A third of the replay cases: each reads every range three ways and chains plans.
+        examples = max(1, conformance.profile.replay_examples // 3)
+        conformance.seeded(conformance.settings(examples)(run))()
+
+    @check
+    def test_plan_end_names_only_records_already_appended(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A plan made mid-way ends where polling ends; records appended later stay out of it."""
+        _require_range_readable(conformance)
+        figures.cases += 1
+        system = SourceSystem(conformance)
+        uneven = [4 + partition % 2 for partition in range(system.partitions)]
+        system.append([5] * system.partitions if system.equal_partitions else uneven)
+        system.run(plan_then_append(system, figures))
+
+
+class SourceSuite(SourceContractSuite, SourceReplaySuite, SourceRangeReadSuite):
+    """Every source check: contract, replay and range reads."""

@@ -1,8 +1,10 @@
 """The kit catches each deliberately broken variant of the reference connectors.
 
 Every variant in ``broken.py`` runs through ``python -m laminar_conformance run`` (the command
-``laminar conformance run`` wraps) with a fixed seed, as a plugin author's CI would run it: the
-run must fail, and its report must name the check that caught the bug.
+``laminar conformance run`` wraps) with a fixed seed, as a plugin author's CI would run it, with
+the in-process layer only (``--no-spark``: the variants' bugs are in-process bugs): the run must
+fail, and its report must name the check that caught the bug. The correct connectors' runs
+must pass, having run the checks of what they offer rather than skipped them.
 """
 
 from __future__ import annotations
@@ -49,12 +51,52 @@ VARIANTS = [
         "source",
         "test_every_record_is_returned_once_in_batches_of_the_schema",
     ),
+    (
+        "broken-range-read-off-by-one",
+        "source",
+        "test_range_reads_return_exactly_what_polling_returned",
+    ),
+    ("broken-plan-end-ahead", "source", "test_plan_end_names_only_records_already_appended"),
+    ("broken-publishes-every-attempt", "sink", "test_only_the_named_attempts_are_published"),
+    (
+        "broken-commit-aggregated-not-idempotent",
+        "sink",
+        "test_commit_aggregated_again_after_a_restart_adds_nothing",
+    ),
+    (
+        "broken-staged-visible-before-commit",
+        "sink",
+        "test_nothing_staged_is_visible_before_commit_aggregated",
+    ),
+    ("broken-evolution-not-applied", "sink", "test_schema_evolution_adds_a_column_between_epochs"),
 ]
+# The state machine of the distributed commit must catch each distributed-commit bug too.
+MACHINE_CATCHES = [
+    "broken-publishes-every-attempt",
+    "broken-commit-aggregated-not-idempotent",
+    "broken-staged-visible-before-commit",
+]
+# Correct connectors, and checks their runs must have passed (not skipped).
+CORRECT = {
+    ("buffering-sink", "sink"): ["test_epoch_protocol_state_machine"],
+    ("no-replay-source", "source"): ["test_every_record_is_returned_once_in_batches_of_the_schema"],
+    ("staging-sink", "sink"): [
+        "test_distributed_commit_state_machine",
+        "test_only_the_named_attempts_are_published",
+        "test_staged_delivery_survives_any_faults",
+        "test_schema_evolution_adds_a_column_between_epochs",
+    ],
+    ("range-readable-source", "source"): [
+        "test_range_reads_return_exactly_what_polling_returned",
+        "test_plan_end_names_only_records_already_appended",
+        "test_records_appended_while_reading_are_returned_once_across_restores",
+    ],
+}
 
 
 def conformance_run(connector: str, role: str, report: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
-    command += ["--plugin", "broken", "--seed", "1", "--report", str(report)]
+    command += ["--plugin", "broken", "--seed", "1", "--no-spark", "--report", str(report)]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     return subprocess.run(
         command, capture_output=True, text=True, env=environment, cwd=report.parent, check=False
@@ -67,8 +109,7 @@ def runs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("broken")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         started: dict[str, Future] = {}
-        correct = [("buffering-sink", "sink"), ("no-replay-source", "source")]
-        for connector, role in [(v[0], v[1]) for v in VARIANTS] + correct:
+        for connector, role in [(v[0], v[1]) for v in VARIANTS] + list(CORRECT):
             report = directory / f"{connector}.md"
             started[connector] = pool.submit(conformance_run, connector, role, report)
         yield {
@@ -90,10 +131,21 @@ def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_chec
 
 
 @pytest.mark.slow
-def test_the_correct_sink_the_broken_ones_derive_from_passes(runs):
-    result, report = runs["buffering-sink"]
+@pytest.mark.parametrize("connector", MACHINE_CATCHES)
+def test_the_distributed_commit_state_machine_catches_the_variant(runs, connector):
+    text = runs[connector][1].read_text()
+    assert "| test_distributed_commit_state_machine | failed |" in text, text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("connector", "role"), list(CORRECT))
+def test_the_correct_connectors_pass_the_checks_of_what_they_offer(runs, connector, role):
+    result, report = runs[connector]
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "**Result: PASSED**" in report.read_text()
+    text = report.read_text()
+    assert "**Result: PASSED**" in text
+    for check in CORRECT[connector, role]:
+        assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
 
 
 @pytest.mark.slow

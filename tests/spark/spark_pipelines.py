@@ -1,9 +1,17 @@
-"""Generator → laminar → memory pipelines, shared by the tests and their child processes."""
+"""Generator → laminar → memory pipelines, shared by the tests, and their runs in children.
+
+The pipeline runs in the tests' shared session (:func:`run_exactly_once`) or in child
+processes that the crash hook kills (:func:`crash_children`) — the conformance kit's runner in
+both, so the SDK's tests and the kit run pipelines the same way.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from laminar_conformance.spark import SparkPipeline, run_pipeline, start_child
 from pyspark.sql import SparkSession
 
 PARTITIONS = 2
@@ -22,31 +30,59 @@ def committed_epochs(work: Path) -> list[str]:
     return sorted(path.name for path in committed.iterdir()) if committed.exists() else []
 
 
-def run_exactly_once(spark: SparkSession, work: Path, rows: int, timeout_s: float = 180) -> None:
-    """Run generator → memory with exactly-once until the generator is drained.
+def exactly_once_pipeline(work: Path, rows: int, timeout_s: float = 180) -> SparkPipeline:
+    """Generator → memory with exactly-once, until the generator is drained.
 
     The checkpoint is ``work/checkpoint``, the sink ``work/sink``: running it again resumes.
     Micro-batches hold at most 25 rows, so 2 x ``rows`` rows take several epochs.
     """
-    source = (
-        spark.readStream.format("laminar")
-        .option("connector", "generator")
-        .options(rows=str(rows), partitions=str(PARTITIONS), batch_size=str(BATCH_SIZE))
-        .option("laminar.delivery", "exactly-once")
-        .option("laminar.max.records.per.batch", str(MAX_RECORDS_PER_BATCH))
-        .load()
+    return SparkPipeline(
+        source="generator",
+        source_options={
+            "rows": str(rows),
+            "partitions": str(PARTITIONS),
+            "batch_size": str(BATCH_SIZE),
+        },
+        sink="memory",
+        sink_options={"path": str(work / "sink")},
+        checkpoint_location=str(work / "checkpoint"),
+        delivery="exactly-once",
+        max_records_per_batch=MAX_RECORDS_PER_BATCH,
+        timeout_s=timeout_s,
     )
-    query = (
-        source.writeStream.format("laminar")
-        .option("connector", "memory")
-        .option("path", str(work / "sink"))
-        .option("laminar.delivery", "exactly-once")
-        .option("checkpointLocation", str(work / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        finished = query.awaitTermination(timeout_s)
-    finally:
-        query.stop()
-    assert finished, f"the query did not finish within {timeout_s}s"
+
+
+def run_exactly_once(spark: SparkSession, work: Path, rows: int, timeout_s: float = 180) -> None:
+    """Run :func:`exactly_once_pipeline` in ``spark`` (this process) until it is drained."""
+    run_pipeline(spark, exactly_once_pipeline(work, rows, timeout_s))
+
+
+@dataclass(frozen=True)
+class CrashedRun:
+    """A child that ran :func:`exactly_once_pipeline` to be killed: its exit and output."""
+
+    work: Path
+    returncode: int
+    log: str
+    crashed: bool
+
+
+def crash_children(
+    works: Mapping[str, Path], rows: int, timeout_s: float = 180
+) -> dict[str, CrashedRun]:
+    """Run the pipeline in one child per crash point (``STEP:EPOCH`` → its work directory).
+
+    The children start at once, to overlap their JVMs' start-up; each is killed by the crash
+    hook at its point.
+    """
+    children = {
+        crash_at: start_child(
+            exactly_once_pipeline(work, rows, timeout_s), work, "crashed", crash=crash_at
+        )
+        for crash_at, work in works.items()
+    }
+    runs = {crash_at: child.wait() for crash_at, child in children.items()}
+    return {
+        crash_at: CrashedRun(works[crash_at], run.returncode, run.tail(), run.crashed)
+        for crash_at, run in runs.items()
+    }

@@ -51,9 +51,13 @@ def _ids_batch(first: int, count: int) -> pa.RecordBatch:
     )
 
 
-def test_a_redelivered_micro_batch_is_committed_once(tmp_path: Path) -> None:
+def test_a_redelivered_micro_batch_is_committed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # What Spark does when it re-runs a micro-batch the sink committed before its own commit
-    # log said so: the same batch id through a new writer instance, in a new process.
+    # log said so: the same batch id through a new writer instance, in a new process. The
+    # memory sink as a seed-contract sink (one writer per epoch, no distributed commit).
+    monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
     schema: StructType = spark_schema(IDS_SCHEMA, "generator")
     writer = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
     first = writer.write(iter([_ids_batch(0, 5), _ids_batch(5, 5)]))

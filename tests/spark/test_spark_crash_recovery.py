@@ -13,25 +13,21 @@ committed epoch Spark re-runs, skipped). The other three are marked ``slow``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 from spark_pipelines import (
     MAX_RECORDS_PER_BATCH,
+    CrashedRun,
     committed_epochs,
+    crash_children,
     expected_ids,
     run_exactly_once,
 )
 
 from laminar_sdk import ProtocolStep
 from laminar_sdk.reference import MemorySink
-from laminar_sdk.spark import CRASH_AT_VARIABLE
 
 pytestmark = pytest.mark.spark
 
@@ -51,13 +47,6 @@ COMMITTED_AT_CRASH = {
 DEFAULT_STEPS = {ProtocolStep.WRITE, ProtocolStep.COMMIT, ProtocolStep.DONE}
 
 
-@dataclass(frozen=True)
-class CrashedRun:
-    work: Path
-    returncode: int
-    log: str
-
-
 STEPS = [
     pytest.param(step, id=step.value, marks=[] if step in DEFAULT_STEPS else [pytest.mark.slow])
     for step in COMMITTED_AT_CRASH
@@ -65,38 +54,18 @@ STEPS = [
 
 
 @pytest.fixture(scope="module")
-def crashed_runs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[ProtocolStep, CrashedRun]:
+def crashed_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     selected = {
         item.callspec.params["step"]
         for item in request.session.items
         if isinstance(item, pytest.Function) and item.path == Path(__file__)
     }
-    children = {}
-    for step in selected:
-        work = tmp_path_factory.mktemp(f"crash-{step.value}")
-        log = (work / "child.log").open("w")
-        env = {**os.environ, CRASH_AT_VARIABLE: f"{step.value}:{CRASH_EPOCH}"}
-        child = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("crash_child.py")), str(work), str(ROWS)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        children[step] = (work, child, log)
-    deadline = time.monotonic() + CHILD_TIMEOUT_S
-    runs = {}
-    for step, (work, child, log) in children.items():
-        try:
-            returncode = child.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            returncode = child.wait()
-        log.close()
-        runs[step] = CrashedRun(work, returncode, (work / "child.log").read_text())
-    return runs
+    works = {
+        f"{step.value}:{CRASH_EPOCH}": tmp_path_factory.mktemp(f"crash-{step.value}")
+        for step in selected
+    }
+    runs = crash_children(works, ROWS, timeout_s=CHILD_TIMEOUT_S)
+    return {step: runs[f"{step.value}:{CRASH_EPOCH}"] for step in selected}
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -104,9 +73,10 @@ def test_restart_after_kill_at_protocol_step_delivers_exactly_once(
     spark: SparkSession, crashed_runs: dict[ProtocolStep, CrashedRun], step: ProtocolStep
 ) -> None:
     run = crashed_runs[step]
-    assert run.returncode != 0, f"the child was not killed:\n{run.log[-3000:]}"
+    assert run.crashed, f"the child was not killed:\n{run.log}"
+    assert run.returncode != 0
     committed = 2 if COMMITTED_AT_CRASH[step] else 1
-    assert committed_epochs(run.work) == [f"epoch-{e}" for e in range(committed)], run.log[-3000:]
+    assert committed_epochs(run.work) == [f"epoch-{e}" for e in range(committed)], run.log
     assert len(MemorySink.committed_ids(run.work / "sink")) == committed * MAX_RECORDS_PER_BATCH
     # Spark's own commit log never recorded micro-batch 1: the restart re-runs it.
     assert not (run.work / "checkpoint" / "commits" / str(CRASH_EPOCH)).exists()

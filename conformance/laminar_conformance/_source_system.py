@@ -1,0 +1,153 @@
+"""One source system for a source check: the context filling it, and the instances reading it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pyarrow as pa
+from hypothesis import strategies as st
+
+from laminar_conformance._suite import Target
+from laminar_conformance.contexts import SourceTestContext
+from laminar_sdk import SourceCheckpoint, SourceConnector
+
+T = TypeVar("T")
+
+MAX_RECORDS_PER_PARTITION = 12
+"""The most records one append of a case puts into one partition."""
+
+
+@dataclass(slots=True)
+class Delivery:
+    """What a downstream received, in order, with the partition each record came from."""
+
+    ids: list[int] = field(default_factory=list)
+    partitions: list[str | None] = field(default_factory=list)
+
+    def truncate(self, length: int) -> None:
+        """Forget everything received after the first ``length`` records."""
+        del self.ids[length:]
+        del self.partitions[length:]
+
+    def by_partition(self, start: int = 0, stop: int | None = None) -> dict[str, list[int]] | None:
+        """The ids received from ``start`` to ``stop``, in order, by partition id.
+
+        ``None`` when a batch carried no :class:`~laminar_sdk.PartitionInfo`.
+        """
+        if None in self.partitions:
+            return None
+        grouped: dict[str, list[int]] = {}
+        for record, partition in zip(
+            self.ids[start:stop], self.partitions[start:stop], strict=True
+        ):
+            assert partition is not None
+            grouped.setdefault(partition, []).append(record)
+        return grouped
+
+
+class SourceSystem:
+    """One source system, filled by the kit, and the source instances reading it.
+
+    :param target: the source under test; a new context is made for this system.
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.context: SourceTestContext = target.source_context()
+        self.partitions = int(getattr(self.context, "partitions", 1))
+        self.equal_partitions = bool(getattr(self.context, "equal_partitions", False))
+        self.live_appends = bool(getattr(self.context, "live_appends", False))
+        self.idle_timeout_s = float(getattr(self.context, "poll_timeout_s", 0.0))
+        self.appended: Counter[int] = Counter()
+        self._next_id = itertools.count()
+
+    def append(self, counts: list[int]) -> None:
+        """Append ``counts[p]`` new ids to each partition ``p``."""
+        for partition, count in enumerate(counts):
+            ids = [next(self._next_id) for _ in range(count)]
+            self.context.append(ids, partition if self.partitions > 1 else None)
+            self.appended.update(ids)
+
+    def counts(self) -> st.SearchStrategy[list[int]]:
+        """Records per partition, as the context allows."""
+        per_partition = st.integers(0, MAX_RECORDS_PER_PARTITION)
+        if self.equal_partitions:
+            return per_partition.map(lambda count: [count] * self.partitions)
+        return st.lists(per_partition, min_size=self.partitions, max_size=self.partitions)
+
+    async def open(self, checkpoint: SourceCheckpoint | None = None) -> SourceConnector:
+        """A new instance, opened, and restored from ``checkpoint`` (via its JSON) if given."""
+        source, _ = await self.target.plugins.registry.open_source(
+            self.target.connector, self.context.config().properties
+        )
+        if checkpoint is not None:
+            await source.restore(SourceCheckpoint.from_json(checkpoint.to_json()))
+        return source
+
+    def run(self, scenario: Coroutine[object, object, T]) -> T:
+        """Run ``scenario``, then close the context."""
+        try:
+            return asyncio.run(scenario)
+        finally:
+            self.context.close()
+
+    def ids(self, source: SourceConnector, batch: pa.RecordBatch, call: str) -> list[int]:
+        """The ids of ``batch``, which ``call`` returned, after checking it is in the schema."""
+        schema = source.schema()
+        assert batch.schema.equals(schema), (
+            f"{call} returned a batch with schema ({render(batch.schema)}), "
+            f"but schema() is ({render(schema)})"
+        )
+        ids = self.context.ids(batch)
+        assert len(ids) == batch.num_rows, "the context's ids() does not give one id per record"
+        return ids
+
+    async def poll(self, source: SourceConnector, max_records: int, delivery: Delivery) -> bool:
+        """Poll once into ``delivery``, checking the batch; ``False`` when nothing came."""
+        batch = await source.poll_batch(max_records)
+        if batch is None:
+            return False
+        ids = self.ids(source, batch.records, "poll_batch")
+        assert 0 <= batch.num_rows <= max_records, (
+            f"poll_batch({max_records}) returned {batch.num_rows} records"
+        )
+        delivery.ids += ids
+        partition = None if batch.partition is None else batch.partition.id
+        delivery.partitions += [partition] * len(ids)
+        return True
+
+    async def drain(
+        self, source: SourceConnector, delivery: Delivery, expected: int, max_records: int = 7
+    ) -> None:
+        """Poll until the source has nothing more, expecting ``expected`` records in all."""
+        deadline = time.monotonic() + self.idle_timeout_s
+        while True:
+            if await self.poll(source, max_records, delivery):
+                continue
+            if len(delivery.ids) >= expected or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.01)
+
+
+def render(schema: pa.Schema) -> str:
+    """``schema`` as ``name: type, …``."""
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def compare(got: list[int], expected: Counter[int], what: str) -> None:
+    """Assert ``got`` holds every id of ``expected`` as often, naming lost and extra ids."""
+    received = Counter(got)
+    lost = sorted((expected - received).elements())
+    repeated = sorted((received - expected).elements())
+    problems = []
+    if lost:
+        problems.append(f"lost ids {lost[:12]}")
+    if repeated:
+        problems.append(f"repeated or unknown ids {repeated[:12]}")
+    assert not problems, f"{what}: " + "; ".join(problems)

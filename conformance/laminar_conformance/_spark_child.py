@@ -1,0 +1,122 @@
+"""``python -m laminar_conformance._spark_child PIPELINE.json``: run a pipeline on Spark.
+
+The child process of :func:`~laminar_conformance._spark_pipeline.run_in_child`: it builds a
+Spark session (local, tuned to start fast), runs the :class:`SparkPipeline` until its source
+has nothing more, and exits 0 — or dies where ``LAMINAR_SPARK_CRASH_AT`` says, when set.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession, functions
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import DoubleType, IntegerType, LongType
+
+from laminar_conformance._spark_pipeline import (
+    CONTEXT_IDS,
+    RECORD_KEY,
+    TAKE_RECORDS,
+    IdsTransform,
+    SparkPipeline,
+    record_id,
+)
+from laminar_sdk.spark import build_session
+
+FAST_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""JVM options for a driver that lives for one short query: the JIT's fast tier and a serial
+collector start it seconds sooner, which matters with several children sharing the cores."""
+
+
+def session(pipeline: SparkPipeline) -> SparkSession:
+    """A Spark session for ``pipeline``: its master, a quickly started driver, no progress bar."""
+    spark = build_session(
+        master=pipeline.master,
+        app_name="laminar-conformance",
+        **{
+            "spark.driver.extraJavaOptions": FAST_START,
+            "spark.ui.showConsoleProgress": "false",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def start_query(spark: SparkSession, pipeline: SparkPipeline) -> StreamingQuery:
+    """Start ``pipeline``'s streaming query in ``spark`` (``availableNow``)."""
+    frame = (
+        spark.readStream.format("laminar")
+        .option("connector", pipeline.source)
+        .options(**pipeline.source_options)
+        .option("laminar.delivery", pipeline.delivery)
+        .option("laminar.max.records.per.batch", str(pipeline.max_records_per_batch))
+        .load()
+    )
+    if pipeline.transform is not None:
+        frame = _transformed(frame, pipeline.transform)
+    return (
+        frame.writeStream.format("laminar")
+        .option("connector", pipeline.sink)
+        .options(**pipeline.sink_options)
+        .option("laminar.delivery", pipeline.delivery)
+        .option("checkpointLocation", pipeline.checkpoint_location)
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def run(spark: SparkSession, pipeline: SparkPipeline) -> None:
+    """Run ``pipeline`` in ``spark`` until its source has nothing more.
+
+    :raises TimeoutError: when it runs longer than ``pipeline.timeout_s``.
+    """
+    query = start_query(spark, pipeline)
+    try:
+        finished = query.awaitTermination(round(pipeline.timeout_s))
+    finally:
+        query.stop()
+    if not finished:
+        raise TimeoutError(f"the query did not finish within {pipeline.timeout_s:g}s")
+
+
+def _transformed(frame: DataFrame, transform: IdsTransform) -> DataFrame:
+    # Plain Spark SQL and a row-wise Python UDF: mapInArrow would need pandas.
+    if transform.kind == TAKE_RECORDS:
+        records = frame.sparkSession.read.parquet(transform.path)
+        keys = frame.select(functions.col("id").alias(RECORD_KEY))
+        return keys.join(records, RECORD_KEY).drop(RECORD_KEY)
+    if transform.kind == CONTEXT_IDS:
+        ids = pickle.loads(Path(transform.path).read_bytes())  # noqa: S301 - the kit's own file
+        schema = to_arrow_schema(frame.schema, timezone="UTC").serialize().to_pybytes()
+        id_of = functions.udf(functools.partial(record_id, ids, schema), LongType(), useArrow=False)
+        ids_of_records = id_of(functions.struct(*[functions.col(c) for c in frame.columns]))
+        return frame.select(ids_of_records.alias("id")).select(
+            functions.col("id"),
+            functions.lit(0).cast(IntegerType()).alias("partition"),
+            functions.col("id").cast(DoubleType()).alias("value"),
+        )
+    raise ValueError(f"unknown transform {transform.kind!r}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the pipeline in the file ``argv[0]``; 0 when it finished."""
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if len(arguments) != 1:
+        print("usage: python -m laminar_conformance._spark_child PIPELINE.json", file=sys.stderr)
+        return 2
+    pipeline = SparkPipeline.from_json(Path(arguments[0]).read_text(encoding="utf-8"))
+    spark = session(pipeline)
+    try:
+        run(spark, pipeline)
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""The Spark layer: the plugin in a real pipeline on Spark, killed at crash points and restarted.
+
+A *case* is one pipeline, with the reference connectors on the other side of the plugin: a
+sink under test is fed by the ``generator`` source (its ids turned into the sink's records by
+the sink's test context, through an Arrow stage), a source under test feeds the ``memory``
+sink (its records turned into ids by the source's test context). The pipeline runs in a child
+process per crash of the case's *crash schedule* — each killed by the SDK's crash hook
+(``LAMINAR_SPARK_CRASH_AT``) at its crash point, the next restarting from the checkpoint
+location — and then once more to its end. The ids a reader sees are then counted: none may be
+lost, and with exactly-once delivery none may be there twice.
+
+Schedules are drawn by Hypothesis with the run's seed: crash points (the ten of the design
+notes) at increasing epochs, the kill inside a call placed at one of its first events. Spark
+cases take tens of seconds each, so there is no shrinking: a failure prints its schedule, the
+seed and the command that replays it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import pickle
+import shutil
+import tempfile
+import types
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+from pyarrow import parquet
+
+from laminar_conformance._figures import Figures
+from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_OPTION
+from laminar_conformance._report import SPARK_SCHEDULES_PROPERTY
+from laminar_conformance._spark_pipeline import (
+    CONTEXT_IDS,
+    RECORD_KEY,
+    TAKE_RECORDS,
+    ChildRun,
+    IdsTransform,
+    SparkPipeline,
+    run_in_child,
+)
+from laminar_conformance._suite import Target
+from laminar_conformance.contexts import SinkTestContext, SourceTestContext
+from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP, ConnectorRole
+from laminar_sdk.reference import MemorySink
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+    from laminar_sdk.spark import CrashPoint
+
+NO_SPARK_REASON = "--no-spark"
+PYSPARK_MISSING = "pyspark not installed (pip install laminar-sdk[spark])"
+
+GENERATOR_PARTITIONS = 2
+IDS_PER_EPOCH = 12
+"""Records per micro-batch; divisible by the partition counts contexts usually have."""
+EXTRA_PLUGINS_DISTRIBUTION = "laminar-conformance-extra-plugins"
+
+
+def spark_skip_reason(config: pytest.Config) -> str | None:
+    """Why the Spark layer does not run here, or ``None`` when it does."""
+    if config.getoption(NO_SPARK_OPTION, False):
+        return NO_SPARK_REASON
+    if importlib.util.find_spec("pyspark") is None:
+        return PYSPARK_MISSING
+    return None
+
+
+def describe_crash(point: CrashPoint) -> str:
+    """``point`` as the hook takes it, with the crash point's number in the design notes."""
+    return f"{point} (crash point {point.step.number})"
+
+
+@dataclass(slots=True)
+class CaseResult:
+    """What one case did: the crashes that fired, the epochs committed, what went wrong."""
+
+    fired: list[str] = field(default_factory=list)
+    epochs: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+class SparkLayer:
+    """The Spark cases of one connector: their pipelines, schedules and checks.
+
+    :param target: the connector under test.
+    :param figures: the check's figures, filled in as cases run.
+    :param plugins: the suite's extra plugin modules, shipped to Spark as installed plugins.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        figures: Figures,
+        plugins: Sequence[object],
+        progress: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.target = target
+        self.figures = figures
+        self.epochs = max(target.profile.spark_crashes + 2, 5)
+        self.ids = list(range(self.epochs * IDS_PER_EPOCH))
+        self.schedules_run: list[str] = []
+        self._progress = progress
+        self._python_path = self._ship_plugins(plugins)
+
+    # Schedules ---------------------------------------------------------------------------
+
+    def schedules(self) -> SearchStrategy[tuple[CrashPoint, ...]]:
+        """Crash schedules: ``spark_crashes`` distinct crash points at increasing epochs.
+
+        Hypothesis tries the simplest example first, and a quick run has room for one case:
+        the lists it draws from start at a place the seed chooses, so that the first case
+        differs from seed to seed (and is the same for the same seed).
+        """
+        from hypothesis import strategies as st  # noqa: PLC0415 - after pytest's rewriting
+
+        from laminar_sdk.spark import CrashPoint, CrashStep  # noqa: PLC0415 - imports pyspark
+
+        crashes = self.target.profile.spark_crashes
+        turn = self.target.seed or 0
+        steps = _rotated(list(CrashStep), turn)
+        # The last epoch is left out: the pipeline must run on after the last crash.
+        epochs = _rotated(list(range(self.epochs - 1)), turn // len(steps))
+
+        def events(step: CrashStep) -> st.SearchStrategy[int]:
+            if not step.inside_a_call:
+                return st.just(1)
+            last = 12 if step is CrashStep.CHECKPOINT_WRITE else 4
+            return st.sampled_from(_rotated(list(range(1, last + 1)), turn // 7))
+
+        @st.composite
+        def schedule(draw: Callable[..., Any]) -> tuple[CrashPoint, ...]:
+            chosen = draw(st.permutations(steps))[:crashes]
+            at = sorted(draw(st.sets(st.sampled_from(epochs), min_size=crashes, max_size=crashes)))
+            return tuple(
+                CrashPoint(step, epoch, event=draw(events(step)))
+                for step, epoch in zip(chosen, at, strict=True)
+            )
+
+        return schedule()
+
+    # One case ----------------------------------------------------------------------------
+
+    def run_case(self, schedule: tuple[CrashPoint, ...]) -> None:
+        """Run the pipeline through ``schedule``, then check what a reader sees.
+
+        :raises AssertionError: naming the schedule, the seed, and what went wrong.
+        """
+        directory = Path(tempfile.mkdtemp(prefix="spark-", dir=self.target.directory))
+        case = _Case.build(self.target, directory, self.ids)
+        self.schedules_run.append(",".join(map(str, schedule)))
+        try:
+            result = self._run(case, schedule)
+        finally:
+            case.close()
+        self.figures.cases += 1
+        self.figures.faults += len(result.fired)
+        self.figures.epochs += result.epochs
+        self.figures.restarts += len(result.fired)
+        if not result.problems:
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        seed = "derandomized" if self.target.seed is None else str(self.target.seed)
+        crashes = ", ".join(describe_crash(point) for point in schedule)
+        fired = ", ".join(result.fired) or "none"
+        raise AssertionError(
+            f"on Spark, {self.target.role} {self.target.connector!r} in the pipeline "
+            f"{case.pipeline.source} -> {case.pipeline.sink} ({case.pipeline.delivery}, "
+            f"{len(case.ids)} ids in micro-batches of {IDS_PER_EPOCH}), crash schedule "
+            f"[{crashes}] (fired: {fired}), seed {seed}: " + "; ".join(result.problems) + "\n"
+            f"The runs' logs and the pipeline are kept in {directory}\n"
+            f"Replay this schedule: {self.target.replay_command()} --spark-crashes "
+            + ",".join(map(str, schedule))
+        )
+
+    def _run(self, case: _Case, schedule: tuple[CrashPoint, ...]) -> CaseResult:
+        result = CaseResult()
+        finished = False
+        for number, point in enumerate(schedule, start=1):
+            self._progress(f"Spark run {number}, to be killed at {describe_crash(point)}")
+            run = run_in_child(
+                case.pipeline,
+                case.directory,
+                f"run-{number}",
+                crash=str(self._for_child(case, point)),
+                python_path=self._python_path,
+            )
+            if run.crashed:
+                result.fired.append(str(point))
+                continue
+            if run.returncode != 0:
+                result.problems.append(_failed(run, f"run {number} (to crash at {point})"))
+                return result
+            finished = True
+            break
+        if not finished:
+            self._progress(f"Spark run {len(schedule) + 1}, to the end")
+            last = run_in_child(
+                case.pipeline, case.directory, "run-last", python_path=self._python_path
+            )
+            if last.returncode != 0:
+                result.problems.append(_failed(last, "the last run (no crash)"))
+                return result
+        result.epochs = len(case.pipeline.spark_batches("commits"))
+        if not result.fired:
+            result.problems.append(
+                "no crash point of the schedule fired: the pipeline ran to its end without "
+                f"reaching them ({len(case.ids)} ids took {result.epochs} micro-batches)"
+            )
+        result.problems += case.delivery_problems()
+        return result
+
+    def _for_child(self, case: _Case, point: CrashPoint) -> CrashPoint:
+        """``point`` as the hook reads it in the next run.
+
+        A source that is not range-readable is read in Spark's planning process, which counts
+        its reads from 0 in each run: that run's first read is of the micro-batch after those
+        in Spark's offset log.
+        """
+        from laminar_sdk.spark import CrashPoint, CrashStep  # noqa: PLC0415 - imports pyspark
+
+        if point.step is not CrashStep.SOURCE_READ or case.range_readable:
+            return point
+        planned = case.pipeline.spark_batches("offsets")
+        first = planned[-1] + 1 if planned else 0
+        return CrashPoint(point.step, max(point.epoch - first, 0), point.event, point.after_ms)
+
+    # Plugins not installed -----------------------------------------------------------------
+
+    def _ship_plugins(self, plugins: Sequence[object]) -> tuple[str, ...]:
+        """Make the suite's extra plugin modules installed plugins for Spark's workers.
+
+        Spark's Python workers find connectors through installed entry points only: each
+        module gets one in a directory put on their ``PYTHONPATH``, with the module's own.
+
+        :raises pytest.skip.Exception: for an extra plugin that is not a module.
+        """
+        if not plugins:
+            return ()
+        site = Path(tempfile.mkdtemp(prefix="spark-plugins-", dir=self.target.directory))
+        roots: list[str] = [str(site)]
+        lines = []
+        for plugin in plugins:
+            if not isinstance(plugin, types.ModuleType) or plugin.__file__ is None:
+                pytest.skip(
+                    f"extra plugin {plugin!r} is not a module: Spark's workers load connectors "
+                    "from installed plugins or plugin modules only"
+                )
+            lines.append(f"{plugin.__name__} = {plugin.__name__}")
+            file = Path(plugin.__file__)
+            depth = plugin.__name__.count(".") + (file.name == "__init__.py")
+            roots.append(str(file.parents[depth]))
+        dist_info = site / f"{EXTRA_PLUGINS_DISTRIBUTION.replace('-', '_')}-0.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {EXTRA_PLUGINS_DISTRIBUTION}\nVersion: 0\n"
+        )
+        (dist_info / "entry_points.txt").write_text(
+            f"[{PLUGIN_ENTRY_POINT_GROUP}]\n" + "\n".join(lines) + "\n"
+        )
+        return tuple(dict.fromkeys(roots))
+
+
+def _rotated(values: list[Any], turn: int) -> list[Any]:
+    if not values:
+        return values
+    turn %= len(values)
+    return values[turn:] + values[:turn]
+
+
+def _failed(run: ChildRun, what: str) -> str:
+    how = "timed out" if run.timed_out else f"failed with exit status {run.returncode}"
+    return f"{what} {how} without a crash; the end of its output:\n{run.tail()}"
+
+
+@dataclass(slots=True)
+class _Case:
+    """One pipeline around the connector under test, in its own directory."""
+
+    directory: Path
+    pipeline: SparkPipeline
+    ids: list[int]
+    exactly_once: bool
+    range_readable: bool
+    read_back: Callable[[], Sequence[int] | None]
+    close: Callable[[], None]
+
+    @classmethod
+    def build(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
+        if target.role is ConnectorRole.SINK:
+            return cls._sink_case(target, directory, ids)
+        return cls._source_case(target, directory, ids)
+
+    @classmethod
+    def _sink_case(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
+        context: SinkTestContext = target.sink_context()
+        if context.committed_ids() is None:
+            context.close()
+            pytest.skip(
+                "the test context cannot read the destination back (committed_ids() is None)"
+            )
+        records = directory / "records.parquet"
+        batch = context.batch(ids)
+        parquet.write_table(
+            pa.Table.from_batches([batch]).append_column(RECORD_KEY, pa.array(ids, pa.int64())),
+            records,
+        )
+        sink = target.plugins.registry.create_sink(target.connector)
+        exactly_once = sink.capabilities().exactly_once
+        pipeline = SparkPipeline(
+            source="generator",
+            source_options={
+                "rows": str(len(ids) // GENERATOR_PARTITIONS),
+                "partitions": str(GENERATOR_PARTITIONS),
+                "batch_size": str(IDS_PER_EPOCH // 2),
+            },
+            sink=target.connector,
+            sink_options=dict(context.config().properties),
+            checkpoint_location=str(directory / "checkpoint"),
+            delivery="exactly-once" if exactly_once else "at-least-once",
+            max_records_per_batch=IDS_PER_EPOCH,
+            transform=IdsTransform(TAKE_RECORDS, str(records)),
+        )
+        return cls(
+            directory, pipeline, ids, exactly_once, True, context.committed_ids, context.close
+        )
+
+    @classmethod
+    def _source_case(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
+        from pyspark import cloudpickle  # noqa: PLC0415 - only when Spark runs
+
+        context: SourceTestContext = target.source_context()
+        partitions = int(getattr(context, "partitions", 1))
+        if getattr(context, "equal_partitions", False):
+            ids = ids[: len(ids) - len(ids) % partitions]
+        for partition in range(partitions):
+            context.append(ids[partition::partitions], partition if partitions > 1 else None)
+        try:
+            pickled: bytes = cloudpickle.dumps(context.ids)  # type: ignore[no-untyped-call]
+            pickle.loads(pickled)  # noqa: S301 - what was just pickled here
+        except Exception as error:  # noqa: BLE001 - any pickling failure means the same
+            context.close()
+            pytest.skip(
+                f"the test context's ids() cannot be shipped to Spark's executors "
+                f"({type(error).__name__}: {error}): keep clients out of the context's "
+                "state, or open them lazily"
+            )
+        (directory / "ids.pickle").write_bytes(pickled)
+        source = target.plugins.registry.create_source(target.connector)
+        replays = source.supports_replay()
+        sink = directory / "sink"
+        pipeline = SparkPipeline(
+            source=target.connector,
+            source_options=dict(context.config().properties),
+            sink="memory",
+            sink_options={"path": str(sink)},
+            checkpoint_location=str(directory / "checkpoint"),
+            delivery="exactly-once" if replays else "at-least-once",
+            max_records_per_batch=IDS_PER_EPOCH,
+            transform=IdsTransform(CONTEXT_IDS, str(directory / "ids.pickle")),
+        )
+        range_readable = source.as_range_readable() is not None
+        return cls(
+            directory,
+            pipeline,
+            ids,
+            replays,
+            range_readable,
+            lambda: MemorySink.committed_ids(sink) if sink.exists() else [],
+            context.close,
+        )
+
+    def delivery_problems(self) -> list[str]:
+        """How what a reader sees now differs from every id once (or at least once)."""
+        visible = Counter(self.read_back() or ())
+        expected = set(self.ids)
+        lost = sorted(expected - set(visible))
+        problems = [f"lost ids {_shown(lost)} ({len(lost)} of {len(self.ids)})"] if lost else []
+        unknown = sorted(set(visible) - expected)
+        if unknown:
+            problems.append(f"ids nobody wrote are visible: {_shown(unknown)}")
+        twice = sorted(record for record, count in visible.items() if count > 1)
+        if twice and self.exactly_once:
+            problems.append(
+                f"duplicated ids {_shown(twice)} ({len(twice)}) with exactly-once delivery: "
+                "an epoch was committed twice, or a rolled-back epoch left a trace"
+            )
+        return problems
+
+
+def _shown(ids: list[int]) -> str:
+    return json.dumps(ids if len(ids) <= 12 else [*ids[:12], "..."])
+
+
+def run_spark_layer(
+    target: Target, figures: Figures, plugins: Sequence[object], request: pytest.FixtureRequest
+) -> None:
+    """The Spark check: cases of the profile's crash schedules, drawn with the run's seed.
+
+    ``--laminar-spark-crashes`` sets the schedule instead (one case). Each run is announced on
+    the terminal; the schedules run are kept in the check's user properties for the report.
+
+    :raises pytest.skip.Exception: when the layer is switched off, or pyspark is missing.
+    :raises ConfigurationError: for a malformed ``--laminar-spark-crashes``.
+    """
+    config = request.config
+    reason = spark_skip_reason(config)
+    if reason is not None:
+        pytest.skip(reason)
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def progress(line: str) -> None:
+        if terminal is None:
+            return
+        # Shown as it happens: a Spark run takes tens of seconds.
+        with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+            terminal.write_line(f"    laminar conformance: {target.connector}: {line}")
+
+    layer = SparkLayer(target, figures, plugins, progress)
+    try:
+        _run_cases(layer, config)
+    finally:
+        schedules = "; ".join(layer.schedules_run)
+        request.node.user_properties.append((SPARK_SCHEDULES_PROPERTY, schedules))
+
+
+def _run_cases(layer: SparkLayer, config: pytest.Config) -> None:
+    target = layer.target
+    pinned = config.getoption(SPARK_CRASHES_OPTION, None)
+    if pinned:
+        from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
+
+        layer.run_case(tuple(CrashPoint.parse(point) for point in pinned.split(",")))
+        return
+    from hypothesis import Phase, given, settings  # noqa: PLC0415 - after pytest's rewriting
+
+    @given(schedule=layer.schedules())
+    def case(schedule: tuple[CrashPoint, ...]) -> None:
+        layer.run_case(schedule)
+
+    # Cases take tens of seconds: no shrinking, no replay of earlier failures.
+    chosen = settings(
+        target.settings(target.profile.spark_cases),
+        phases=[Phase.explicit, Phase.generate],
+        database=None,
+    )
+    target.seeded(chosen(case))()

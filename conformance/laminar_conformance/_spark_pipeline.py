@@ -1,0 +1,264 @@
+"""A pipeline the kit runs on Spark, in a child process it can kill: what it is, and the run.
+
+A :class:`SparkPipeline` is plain data (JSON on disk for the child). :func:`run_in_child`
+starts ``python -m laminar_conformance._spark_child PIPELINE.json`` with an optional crash
+point in its environment, waits for it, cleans up every process it left, and says whether the
+crash fired (the hook's crash record). Nothing here imports ``pyspark``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from laminar_conformance.services import die_with_parent
+
+CHILD_MODULE = "laminar_conformance._spark_child"
+"""The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
+
+CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
+CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
+# The SDK's names for these (laminar_sdk.spark) import pyspark; the kit reads its values
+# without it. A test checks that they agree.
+
+TAKE_RECORDS = "take-records"
+"""Transform: replace each ``id`` by the record whose :data:`RECORD_KEY` it is, in a Parquet
+file (a sink under test receives records in its own schema, built by its test context)."""
+
+RECORD_KEY = "__laminar_conformance_id"
+"""The column of the records file that holds the id each record carries."""
+
+CONTEXT_IDS = "context-ids"
+"""Transform: each record to an ``ids`` row, with a pickled ``ids(records)`` callable (a
+source under test's records, counted id by id by the memory sink)."""
+
+
+class _Record(Protocol):
+    """A Spark ``Row``: what a Python UDF receives for a struct."""
+
+    def asDict(self, recursive: bool = False) -> dict[str, Any]:  # noqa: N802 - Spark's name
+        """The record's fields by name."""
+        ...
+
+
+def record_id(
+    ids: Callable[[pa.RecordBatch], Sequence[int]], schema: bytes, record: _Record
+) -> int:
+    """The id a source's test context reads from one record, as a batch of one row.
+
+    The Python UDF of :data:`CONTEXT_IDS`, run on Spark's executors (defined here, not in
+    the child's ``__main__``, so that Spark ships it by reference).
+
+    :param ids: the test context's ``ids``.
+    :param schema: the records' Arrow schema, serialized.
+    """
+    batch = pa.RecordBatch.from_pylist([record.asDict(recursive=True)], schema=_schema(schema))
+    (found,) = ids(batch)
+    return int(found)
+
+
+@functools.cache
+def _schema(serialized: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(serialized))
+
+
+@dataclass(frozen=True, slots=True)
+class IdsTransform:
+    """A stage between the source and the sink that turns ids into records or back.
+
+    :param kind: :data:`TAKE_RECORDS` or :data:`CONTEXT_IDS`.
+    :param path: the file the transform reads on the executors.
+    """
+
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class SparkPipeline:
+    """A laminar source, an optional Arrow transform and a laminar sink, on Spark.
+
+    It runs with ``trigger(availableNow=True)`` until the source has nothing more.
+
+    :param source: the source connector's registered name.
+    :param source_options: its configuration.
+    :param sink: the sink connector's registered name.
+    :param sink_options: its configuration.
+    :param checkpoint_location: Spark's ``checkpointLocation`` (the laminar manifests are kept
+        in its ``laminar`` directory): running the pipeline again resumes from it.
+    :param delivery: ``exactly-once`` or ``at-least-once``.
+    :param max_records_per_batch: the most records one micro-batch reads.
+    :param transform: the stage between source and sink, if any.
+    :param master: the Spark master URL.
+    :param timeout_s: how long the query may run.
+    """
+
+    source: str
+    source_options: Mapping[str, str]
+    sink: str
+    sink_options: Mapping[str, str]
+    checkpoint_location: str
+    delivery: str = "exactly-once"
+    max_records_per_batch: int = 100
+    transform: IdsTransform | None = None
+    master: str = "local[2]"
+    timeout_s: float = 300.0
+
+    def to_json(self) -> str:
+        """The pipeline as JSON, for the child process."""
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SparkPipeline:
+        """The pipeline :meth:`to_json` wrote."""
+        data: dict[str, Any] = json.loads(text)
+        transform = data.pop("transform", None)
+        return cls(**data, transform=None if transform is None else IdsTransform(**transform))
+
+    def spark_batches(self, kind: str) -> list[int]:
+        """The batch ids in Spark's ``offsets`` (planned) or ``commits`` (done) log."""
+        directory = Path(self.checkpoint_location) / kind
+        names = os.listdir(directory) if directory.is_dir() else []
+        return sorted(int(name) for name in names if name.isdigit())
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRun:
+    """How one run of a pipeline in a child process ended.
+
+    :param returncode: the child's exit status (0: the query finished).
+    :param crashes: what the crash hook recorded before it killed the pipeline, one entry per
+        kill (normally none or one).
+    :param log: where the child's output is.
+    :param seconds: how long the child ran.
+    :param timed_out: whether the kit killed the child for running too long.
+    """
+
+    returncode: int
+    crashes: tuple[Mapping[str, Any], ...]
+    log: Path
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def crashed(self) -> bool:
+        """Whether the crash hook killed the pipeline."""
+        return bool(self.crashes)
+
+    def tail(self, characters: int = 3000) -> str:
+        """The end of the child's output, for a failure message."""
+        try:
+            return self.log.read_text(errors="replace")[-characters:]
+        except OSError as error:
+            return f"(no output: {error})"
+
+
+class RunningChild:
+    """A pipeline running in a child process (see :func:`start_child`); :meth:`wait` for it."""
+
+    def __init__(
+        self,
+        pipeline: SparkPipeline,
+        directory: Path,
+        name: str,
+        *,
+        crash: str | None,
+        python_path: tuple[str, ...],
+    ) -> None:
+        spec = directory / f"{name}.json"
+        self._log = directory / f"{name}.log"
+        self._record = directory / f"{name}.crash"
+        self._timeout_s = pipeline.timeout_s + 120
+        spec.write_text(pipeline.to_json(), encoding="utf-8")
+        self._record.unlink(missing_ok=True)
+        environment = dict(os.environ)
+        environment.pop(CRASH_AT_VARIABLE, None)
+        environment[CRASH_RECORD_VARIABLE] = str(self._record)
+        if crash is not None:
+            environment[CRASH_AT_VARIABLE] = crash
+        if python_path:
+            inherited = [environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else []
+            environment["PYTHONPATH"] = os.pathsep.join([*python_path, *inherited])
+        self._started = time.monotonic()
+        with self._log.open("wb") as output:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", CHILD_MODULE, str(spec)],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=environment,
+                cwd=directory,  # Python workers import from their working directory first
+                start_new_session=True,  # its own process group: one kill reaches the JVM too
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks or imports
+            )
+
+    def wait(self) -> ChildRun:
+        """Wait for the child (killing it when it overruns its timeout), then clean up."""
+        timed_out = False
+        try:
+            returncode = self._process.wait(
+                max(0.0, self._started + self._timeout_s - time.monotonic())
+            )
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(self._process.pid)
+            returncode = self._process.wait()
+        finally:
+            _kill_group(self._process.pid)  # Python workers orphaned by a killed JVM, if any
+        crashes: tuple[Mapping[str, Any], ...] = ()
+        if self._record.exists():
+            lines = self._record.read_text(encoding="utf-8").splitlines()
+            crashes = tuple(json.loads(line) for line in lines if line.strip())
+        seconds = time.monotonic() - self._started
+        return ChildRun(returncode, crashes, self._log, seconds, timed_out)
+
+
+def start_child(
+    pipeline: SparkPipeline,
+    directory: Path,
+    name: str,
+    *,
+    crash: str | None = None,
+    python_path: tuple[str, ...] = (),
+) -> RunningChild:
+    """Start ``pipeline`` in a child process, to be killed by the crash hook at ``crash``.
+
+    The child runs in ``directory``, where its files go (``NAME.json``, ``NAME.log``,
+    ``NAME.crash``), so nothing lands in the caller's working directory. Every process the
+    child started (its Spark driver, Python workers) is killed when it ends, and the child
+    dies with this process. Start several and wait for each to overlap their JVMs' start-up —
+    from this thread: a Spark session of this process breaks when children are started from
+    other threads (Python data sources are not found in it any more).
+
+    :param crash: a crash point, as ``LAMINAR_SPARK_CRASH_AT`` takes it.
+    :param python_path: directories the child and Spark's workers import from first.
+    """
+    return RunningChild(pipeline, directory, name, crash=crash, python_path=python_path)
+
+
+def run_in_child(
+    pipeline: SparkPipeline,
+    directory: Path,
+    name: str,
+    *,
+    crash: str | None = None,
+    python_path: tuple[str, ...] = (),
+) -> ChildRun:
+    """Run ``pipeline`` in a child process and wait for it (see :func:`start_child`)."""
+    return start_child(pipeline, directory, name, crash=crash, python_path=python_path).wait()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

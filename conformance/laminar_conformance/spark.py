@@ -1,0 +1,94 @@
+"""The conformance kit's Spark layer: a plugin in a real pipeline, killed and restarted.
+
+Adopt the suites next to the in-process ones, one class per connector::
+
+    from laminar_conformance.sink import SinkSuite
+    from laminar_conformance.spark import SparkSinkSuite
+
+    class TestMySink(SinkSuite, SparkSinkSuite):
+        connector = "my-sink"
+
+On Spark (``local[2]``), the plugin runs in a pipeline with the SDK's reference connectors on
+the other side — a sink is fed by the ``generator`` source, a source feeds the ``memory`` sink
+— driven through the same test context as the in-process checks. The pipeline's Spark driver
+is SIGKILLed at crash points drawn from the ten of the design notes (``quick``: one; ``full``:
+all ten, one after the other) and restarted from its checkpoint location each time; then the
+ids a reader sees are counted: none lost, and none twice with exactly-once delivery.
+
+Each case runs its pipeline in child processes (``python -m laminar_conformance._spark_child``),
+so a plugin's own tests need nothing of the SDK's. The checks skip, saying why, without
+``pyspark`` or with ``--laminar-no-spark`` (``laminar conformance run --no-spark``). Importing
+this module does not import ``pyspark``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import pytest
+
+from laminar_conformance._figures import Figures
+from laminar_conformance._spark_layer import run_spark_layer
+from laminar_conformance._spark_pipeline import (
+    ChildRun,
+    IdsTransform,
+    RunningChild,
+    SparkPipeline,
+    run_in_child,
+    start_child,
+)
+from laminar_conformance._suite import ConnectorSuite, Target, check
+from laminar_sdk import ConnectorRole
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "ChildRun",
+    "IdsTransform",
+    "RunningChild",
+    "SparkPipeline",
+    "SparkSinkSuite",
+    "SparkSourceSuite",
+    "run_in_child",
+    "run_pipeline",
+    "start_child",
+]
+
+
+class SparkSinkSuite(ConnectorSuite):
+    """The sink on Spark: ``generator`` → sink, killed at crash points and restarted."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SINK
+
+    @check
+    def test_spark_pipeline_killed_at_crash_points_restarts_without_loss(
+        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+    ) -> None:
+        """Every id once (exactly-once sinks) or at least once, across kills and restarts."""
+        run_spark_layer(conformance, figures, type(self).plugins, request)
+
+
+class SparkSourceSuite(ConnectorSuite):
+    """The source on Spark: source → ``memory`` sink, killed at crash points and restarted."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SOURCE
+
+    @check
+    def test_spark_pipeline_killed_at_crash_points_restarts_without_loss(
+        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+    ) -> None:
+        """Every id once (replayable sources) or at least once, across kills and restarts."""
+        run_spark_layer(conformance, figures, type(self).plugins, request)
+
+
+def run_pipeline(spark: SparkSession, pipeline: SparkPipeline) -> None:
+    """Run ``pipeline`` in ``spark``, in this process, until its source has nothing more.
+
+    What :func:`run_in_child` runs in a child process, for a restart in a test's own session.
+
+    :raises TimeoutError: when it runs longer than ``pipeline.timeout_s``.
+    """
+    from laminar_conformance._spark_child import run  # noqa: PLC0415 - imports pyspark
+
+    run(spark, pipeline)

@@ -1,0 +1,255 @@
+"""The conformance kit's Spark layer: correct connectors pass, a sink that is not crash-safe fails.
+
+The reference connectors adopt the Spark suites as a plugin would (a drawn crash schedule, the
+session's seed). A sink that keeps its commit record only in memory — fine as long as one
+instance runs an epoch from ``pre_commit`` to ``commit_epoch`` — is caught on Spark when the
+driver dies between the two and the restart's new instance has to finish the commit. The
+command ``laminar conformance run`` reports the layer's figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from laminar_conformance import _spark_pipeline
+from laminar_conformance._figures import Figures
+from laminar_conformance._profiles import PROFILES
+from laminar_conformance._report import CheckResult, ReportCollector
+from laminar_conformance._spark_layer import SparkLayer
+from laminar_conformance._suite import Target
+from laminar_conformance.contexts import ConformancePlugins
+from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
+
+from laminar_sdk import ConnectorRole
+
+HERE = Path(__file__).parent
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+class TestMemorySinkOnSpark(SparkSinkSuite):
+    connector = "memory"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+class TestMemorySourceOnSpark(SparkSourceSuite):
+    connector = "memory"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+class TestGeneratorSourceOnSpark(SparkSourceSuite):
+    connector = "generator"
+
+
+# An installed plugin: the broken variant of broken.py, and the memory sink it derives from,
+# both committing from one instance (not distributed) so that Spark calls their pre_commit and
+# commit_epoch.
+ONE_INSTANCE_PLUGIN = """
+from broken import CommitStateInMemory, SinkContext
+
+from laminar_sdk import hookimpl
+from laminar_sdk.reference import MemorySink
+
+
+class OneInstanceMemorySink(MemorySink):
+    def as_distributed_commit(self):
+        return None
+
+
+class OneInstanceCommitStateInMemory(CommitStateInMemory):
+    def as_distributed_commit(self):
+        return None
+
+
+SINKS = {
+    "one-instance-memory": OneInstanceMemorySink,
+    "one-instance-commit-state-in-memory": OneInstanceCommitStateInMemory,
+}
+
+
+@hookimpl
+def laminar_register_connectors(registry):
+    for name, sink in SINKS.items():
+        registry.add_sink(name, sink, config_keys=MemorySink.CONFIG_KEYS)
+
+
+@hookimpl
+def laminar_conformance_context(connector, role, workdir):
+    return SinkContext(connector, workdir) if role == "sink" and connector in SINKS else None
+"""
+
+SUITES = """
+from laminar_conformance.spark import SparkSinkSuite
+
+
+class TestCorrect(SparkSinkSuite):
+    connector = "one-instance-memory"
+
+
+class TestBroken(SparkSinkSuite):
+    connector = "one-instance-commit-state-in-memory"
+"""
+
+
+def python_path(*directories: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, directories), *sys.path])}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_sink_whose_commit_record_lives_in_memory_is_caught(tmp_path, install_distribution):
+    site = install_distribution(
+        "laminar-plugin-one-instance",
+        modules={"one_instance_plugin": ONE_INSTANCE_PLUGIN},
+        plugins={"one-instance": "one_instance_plugin"},
+    )
+    (tmp_path / "test_on_spark.py").write_text(SUITES)
+    # Killed after micro-batch 1's manifest, before commit_epoch: the restart's new instance
+    # is asked to commit an epoch another instance pre-committed.
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "test_on_spark.py", "-p", "no:cacheprovider",
+            "--laminar-spark-crashes=commit:1", "--hypothesis-seed=1", "-rf",
+        ],
+        cwd=tmp_path,
+        env=python_path(site, HERE),
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-5000:]
+    assert "1 failed, 1 passed" in output, output[-5000:]
+    assert "FAILED test_on_spark.py::TestBroken::" in output
+    assert "crash schedule [commit:1 (crash point 5)] (fired: commit:1), seed 1: lost ids" in output
+    replay = "laminar conformance run one-instance-commit-state-in-memory --role sink --seed 1"
+    assert f"Replay this schedule: {replay} --spark-crashes commit:1" in output
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
+    report = tmp_path / "report.md"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "laminar_conformance", "run", "generator", "--seed", "3",
+            "--report", str(report),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    assert "Spark layer: on local Spark, 1 pipeline(s) killed at 1 crash point(s)" in result.stdout
+    text = report.read_text()
+    spark = next(line for line in text.splitlines() if line.startswith("- Spark layer:"))
+    assert spark.startswith("- Spark layer: passed — 1 pipeline(s), 1 crash(es) injected"), spark
+    assert "; crash schedule(s): " in spark
+    assert "laminar conformance: generator: Spark run 1, to be killed at " in result.stdout
+    epochs = int(spark.split(" epochs committed")[0].rsplit(" ", 1)[1])
+    assert epochs >= 5, spark
+    assert "| test_spark_pipeline_killed_at_crash_points_restarts_without_loss | passed |" in text
+
+
+# The layer's own logic, without Spark. -------------------------------------------------------
+
+
+@pytest.fixture
+def target(tmp_path):
+    def make(profile: str, connector: str = "memory", role=ConnectorRole.SINK) -> Target:
+        plugins = ConformancePlugins.load()
+        return Target(
+            spec=plugins.registry.get(connector, role),
+            plugins=plugins,
+            profile=PROFILES[profile],
+            seed=11,
+            directory=tmp_path,
+            extra_plugins=(),
+        )
+
+    return make
+
+
+def test_the_kits_names_for_the_crash_hook_are_the_sdks():
+    spark = pytest.importorskip("laminar_sdk.spark", reason="pyspark not installed")
+    assert _spark_pipeline.CRASH_AT_VARIABLE == spark.CRASH_AT_VARIABLE
+    assert _spark_pipeline.CRASH_RECORD_VARIABLE == spark.CRASH_RECORD_VARIABLE
+
+
+@pytest.mark.parametrize(("profile", "crashes"), [("quick", 1), ("full", 10)])
+def test_schedules_kill_at_distinct_points_of_increasing_epochs(target, profile, crashes):
+    spark = pytest.importorskip("laminar_sdk.spark", reason="pyspark not installed")
+    layer = SparkLayer(target(profile), Figures(), ())
+    drawn = []
+
+    @settings(max_examples=30, database=None)
+    @given(schedule=layer.schedules())
+    def draw(schedule):
+        drawn.append(schedule)
+        assert len(schedule) == crashes
+        assert len({point.step for point in schedule}) == crashes
+        epochs = [point.epoch for point in schedule]
+        assert epochs == sorted(set(epochs)), "epochs increase, one crash each"
+        assert max(epochs) < layer.epochs - 1, "the pipeline runs on after the last crash"
+        for point in schedule:
+            assert spark.CrashPoint.parse(str(point)) == point
+            assert point.step.inside_a_call or point.event == 1
+
+    draw()
+    if profile == "full":
+        assert {point.step for schedule in drawn for point in schedule} == set(spark.CrashStep)
+
+
+def test_a_plugin_module_is_shipped_to_spark_as_an_installed_plugin(target):
+    layer = SparkLayer(target("quick"), Figures(), [broken_module()])
+    site, root = (Path(path) for path in layer._python_path)
+    assert root == HERE
+    (dist_info,) = site.glob("*.dist-info")
+    assert (
+        "[laminar_sdk.plugins]\nbroken = broken\n" in (dist_info / "entry_points.txt").read_text()
+    )
+
+
+def test_an_extra_plugin_that_is_not_a_module_is_skipped_saying_why(target):
+    with pytest.raises(pytest.skip.Exception, match="is not a module"):
+        SparkLayer(target("quick"), Figures(), [object()])
+
+
+def broken_module():
+    sys.path.insert(0, str(HERE))
+    try:
+        return importlib.import_module("broken")
+    finally:
+        sys.path.remove(str(HERE))
+
+
+def test_the_report_sums_up_the_spark_checks():
+    collector = ReportCollector()
+    planned = "on local Spark, 1 pipeline(s) killed at 1 crash point(s) each and restarted"
+    assert collector.spark_summary(planned) == planned
+    name = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
+    collector.results["a"] = CheckResult(
+        name,
+        "passed",
+        duration_s=61.5,
+        figures={"cases": 1, "faults": 2, "epochs": 6, "restarts": 2},
+        schedules="commit:1,done:3",
+    )
+    collector.results["b"] = CheckResult(
+        "test_epoch_protocol_state_machine", figures={"faults": 99}
+    )
+    assert collector.spark_summary(planned) == (
+        "passed — 1 pipeline(s), 2 crash(es) injected (SIGKILL of the Spark driver), "
+        "6 epochs committed, 2 restarts, 61.5 s; crash schedule(s): commit:1,done:3"
+    )
+    collector.results["a"] = CheckResult(name, "skipped", reason="pyspark not installed")
+    assert collector.spark_summary(planned) == "skipped: pyspark not installed"

@@ -1,0 +1,443 @@
+"""Crash points 3, 6, 9 and 10 — inside a call — and the abort path, on Spark and in process.
+
+The hook (``LAMINAR_SPARK_CRASH_AT=STEP:EPOCH[:WHEN]``) is first checked in this process, with
+a stand-in for the kill that raises :class:`SimulatedCrash`: where each point fires, what a
+torn checkpoint write leaves, and that recovery survives it. Then on Spark: a pipeline in a
+child process (the conformance kit's runner) is SIGKILLed inside ``pre_commit``, inside
+``commit_epoch``, inside a source read and inside a checkpoint write, and restarted from its
+checkpoint location: every id exactly once, nothing of a rolled-back epoch visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import pyarrow as pa
+import pytest
+from laminar_conformance.spark import ChildRun, SparkPipeline, run_in_child, start_child
+from spark_pipelines import (
+    MAX_RECORDS_PER_BATCH,
+    committed_epochs,
+    exactly_once_pipeline,
+    expected_ids,
+)
+
+from laminar_sdk import (
+    CheckpointCorrupted,
+    CheckpointManifest,
+    ConfigurationError,
+    ConnectorRole,
+    EpochCoordinator,
+    SimulatedCrash,
+    SinkConnector,
+    SourceConnector,
+    load_connector_registry,
+    open_checkpointer,
+)
+from laminar_sdk._spark import faults
+from laminar_sdk._spark.faults import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    CrashPoint,
+    CrashStep,
+    crash_observer,
+    watched_sink,
+    watched_source,
+)
+from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+
+# In process: the hook's logic, with a kill that raises instead of SIGKILL. ------------------
+
+
+def stand_in_kill() -> NoReturn:
+    raise SimulatedCrash("the crash hook fired")
+
+
+def ids_batch(ids: list[int]) -> pa.RecordBatch:
+    columns = [
+        pa.array(ids, pa.int64()),
+        pa.array([0] * len(ids), pa.int32()),
+        pa.array([float(i) for i in ids], pa.float64()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=IDS_SCHEMA)
+
+
+EPOCHS = [[0, 1, 2], [3, 4], [5, 6, 7]]
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_connector_registry()
+
+
+@pytest.fixture
+def record(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "crash-record"
+    monkeypatch.setenv(CRASH_RECORD_VARIABLE, str(path))
+    return path
+
+
+async def load_manifest_file(path: Path) -> CheckpointManifest:
+    return CheckpointManifest.from_json(path.read_bytes(), path=str(path))
+
+
+def recorded(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def run_epochs(registry, out: Path, checkpoints: Path, crash: str | None, *, wrap=False):
+    """Epochs 0-2 through the coordinator, like Spark's commits: crash, then restart."""
+    environ = {CRASH_AT_VARIABLE: crash} if crash else {}
+    sink, _ = await registry.open_sink("memory", {"path": str(out)})
+    if wrap:
+        sink = watched_sink(sink, environ, kill=stand_in_kill)
+    observer = crash_observer(environ, kill=stand_in_kill)
+    coordinator = EpochCoordinator(
+        open_checkpointer(str(checkpoints)), {"out": sink}, observer=observer
+    )
+    await coordinator.recover()
+    for epoch, ids in enumerate(EPOCHS):
+        await coordinator.run_epoch(epoch, [ids_batch(ids)], {})
+    await sink.close()
+
+
+def crash(registry, tmp_path, crash_at: str, *, wrap=False) -> None:
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(run_epochs(registry, tmp_path / "out", tmp_path / "ckpt", crash_at, wrap=wrap))
+
+
+def restart(registry, tmp_path) -> None:
+    asyncio.run(run_epochs(registry, tmp_path / "out", tmp_path / "ckpt", None))
+    assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(8))
+
+
+def crash_and_restart(registry, tmp_path, crash_at: str, *, wrap=False) -> None:
+    crash(registry, tmp_path, crash_at, wrap=wrap)
+    restart(registry, tmp_path)
+
+
+@pytest.mark.parametrize("step", list(CrashStep), ids=lambda step: step.value)
+def test_every_crash_point_round_trips_through_the_variable(step):
+    for point in (CrashPoint(step, 3), CrashPoint(step, 0)):
+        assert CrashPoint.parse(str(point)) == point
+    if step.inside_a_call:
+        assert CrashPoint.parse(f"{step.value}:2:5") == CrashPoint(step, 2, event=5)
+        assert CrashPoint.parse(f"{step.value}:2:40ms") == CrashPoint(step, 2, after_ms=40)
+        assert str(CrashPoint(step, 2, after_ms=40)) == f"{step.value}:2:40ms"
+    assert [s.number for s in CrashStep] == list(range(1, 11))
+
+
+@pytest.mark.parametrize(
+    "value", ["commit:1:2", "commit-inside:1:0", "nope:1", "commit-inside:x", "done:-1", "done"]
+)
+def test_a_malformed_crash_point_is_refused_naming_the_variable(value):
+    with pytest.raises(ConfigurationError, match=CRASH_AT_VARIABLE) as error:
+        CrashPoint.parse(value)
+    assert "pre-commit-inside, commit-inside, source-read, checkpoint-write" in str(error.value)
+
+
+def test_without_the_variable_nothing_is_wrapped_or_observed(registry):
+    source, sink = registry.create_source("generator"), registry.create_sink("memory")
+    assert watched_source(source, {}) is source
+    assert watched_sink(sink, {}) is sink
+    assert crash_observer({}) is None
+    # A point the wrappers do not handle leaves the connectors alone too.
+    assert watched_sink(sink, {CRASH_AT_VARIABLE: "commit-inside:1"}) is sink
+    assert watched_source(source, {CRASH_AT_VARIABLE: "checkpoint-write:1"}) is source
+
+
+@pytest.mark.parametrize(
+    ("wrapper", "contract"),
+    [(faults._WatchedSource, SourceConnector), (faults._WatchedSink, SinkConnector)],
+)
+def test_the_wrappers_pass_every_call_of_the_contract_on(wrapper, contract):
+    methods = {
+        name
+        for name, member in inspect.getmembers(contract, inspect.isfunction)
+        if not name.startswith("_")
+    }
+    assert methods - set(vars(wrapper)) == set(), "a contract method falls back to its default"
+
+
+def test_commit_inside_kills_during_commit_epoch_and_recovery_finishes_it(
+    registry, tmp_path, record
+):
+    for event in (1, 2, 3):
+        crash_and_restart(registry, tmp_path / str(event), f"commit-inside:1:{event}")
+    at = [fired["at"] for fired in recorded(record)]
+    # The memory sink publishes an epoch with one rename: the kill comes before it, then
+    # right after commit_epoch returned (there is no third event).
+    assert at[0].startswith("before os.rename"), at
+    assert at[1:] == ["commit_epoch returned"] * 2, at
+
+
+def test_pre_commit_inside_kills_during_pre_commit_and_the_epoch_is_rolled_back(
+    registry, tmp_path, record
+):
+    for event in range(1, 7):
+        crash_and_restart(
+            registry, tmp_path / str(event), f"pre-commit-inside:1:{event}", wrap=True
+        )
+    at = [fired["at"] for fired in recorded(record)]
+    inside = [where for where in at if where.startswith("before ")]
+    assert inside, f"no kill came before an operation of pre_commit: {at}"
+    assert at == [*inside, *["pre_commit returned"] * (6 - len(inside))], at
+
+
+def test_pre_commit_inside_of_a_distributed_sink_fires_after_the_last_batch(registry, tmp_path):
+    async def stage() -> None:
+        sink, _ = await registry.open_sink("memory", {"path": str(tmp_path / "out")})
+        environ = {CRASH_AT_VARIABLE: "pre-commit-inside:4:9"}
+        distributed = watched_sink(sink, environ, kill=stand_in_kill).as_distributed_commit()
+        taken = []
+
+        async def batches():
+            for ids in EPOCHS:
+                taken.append(ids)
+                yield ids_batch(ids)
+
+        await distributed.stage(3, "t-1", batches())  # another epoch: not watched
+        with pytest.raises(SimulatedCrash):
+            await distributed.stage(4, "t-2", batches())
+        assert len(taken) == 2 * len(EPOCHS), "the kill came before the last batch was taken"
+
+    asyncio.run(stage())
+
+
+@pytest.mark.parametrize("event", range(1, 13))
+def test_a_torn_checkpoint_write_is_survived(registry, tmp_path, record, event):
+    crash(registry, tmp_path, f"checkpoint-write:1:{event}")
+    (fired,) = recorded(record)
+    if "published as" in (fired["torn"] or ""):
+        published = Path(fired["torn"].rpartition("published as ")[2])
+        assert published.name in ("manifest.json", "_latest"), fired
+        if published.name == "_latest":
+            read = open_checkpointer(str(published.parent)).read_latest()
+        else:
+            read = load_manifest_file(published)
+        with pytest.raises(CheckpointCorrupted):
+            asyncio.run(read)
+    restart(registry, tmp_path)
+
+
+def test_the_torn_writes_reach_the_manifests_and_the_latest_pointer(registry, tmp_path, record):
+    torn = set()
+    for event in range(1, 13):
+        crash_and_restart(registry, tmp_path / str(event), f"checkpoint-write:1:{event}")
+    for fired in recorded(record):
+        published = (fired["torn"] or "").rpartition("published as ")[2]
+        torn.add(Path(published).name if published else None)
+    assert {"manifest.json", "_latest"} <= torn, torn
+
+
+def test_a_timed_kill_comes_during_a_slow_call(registry, tmp_path, record):
+    class SlowCommit(MemorySink):
+        finished = False
+
+        async def commit_epoch(self, epoch: int) -> None:
+            await asyncio.sleep(0.5)
+            await super().commit_epoch(epoch)
+            SlowCommit.finished = True
+
+    kills = []
+
+    def kill():  # called in the timer's thread; returning just ends that thread here
+        kills.append(SlowCommit.finished)
+
+    async def scenario() -> None:
+        sink = SlowCommit()
+        spec = registry.get("memory", ConnectorRole.SINK)
+        await sink.open(spec.configure({"path": str(tmp_path / "o")}))
+        observer = crash_observer({CRASH_AT_VARIABLE: "commit-inside:0:100ms"}, kill=kill)
+        coordinator = EpochCoordinator(
+            open_checkpointer(str(tmp_path / "c")), {"out": sink}, observer=observer
+        )
+        await coordinator.recover()
+        started = time.monotonic()
+        await coordinator.run_epoch(0, [ids_batch([1])], {})
+        assert time.monotonic() - started >= 0.5
+
+    asyncio.run(scenario())
+    assert kills == [False], "the timer fired while commit_epoch was still running"
+    (fired,) = recorded(record)
+    assert fired["at"] == "timer"
+
+
+def test_source_read_kills_at_the_chosen_call_of_the_chosen_read(registry, monkeypatch, record):
+    monkeypatch.setattr(faults, "_reads_in_process", 0)
+    environ = {CRASH_AT_VARIABLE: "source-read:1:3"}
+    options = {"rows": "20", "partitions": "2", "batch_size": "4"}
+
+    async def read(restore_from) -> list[int]:
+        opened, _ = await registry.open_source("generator", options)
+        source = watched_source(opened, environ, kill=stand_in_kill)
+        try:
+            await source.restore(restore_from)
+            ids = []
+            for _ in range(3):
+                polled = await source.poll_batch(5)
+                ids += polled.records.column("id").to_pylist()
+            return ids
+        finally:
+            await source.close()
+
+    async def scenario() -> None:
+        opened, _ = await registry.open_source("generator", options)
+        start = opened.checkpoint()
+        await opened.close()
+        assert len(await read(start)) == 12, "read 0 is not the chosen one"
+        with pytest.raises(SimulatedCrash):
+            await read(start)
+
+    asyncio.run(scenario())
+    (fired,) = recorded(record)
+    assert fired["at"] == "poll_batch returned", "event 3: restore, poll, poll"
+
+
+# On Spark: the pipeline of spark_pipelines in a child process, killed, then restarted. --------
+
+CRASH_EPOCH = 1
+ROWS = 30  # 60 rows in micro-batches of 25, 25, 10
+
+
+def crash_then_restart(work: Path, crash: str) -> tuple[ChildRun, list[int]]:
+    """Run the pipeline to be killed at ``crash``, then again: the kill, and the sink's ids."""
+    pipeline = exactly_once_pipeline(work, ROWS)
+    killed = run_in_child(pipeline, work, "killed", crash=crash)
+    assert killed.crashed, f"the crash at {crash} did not fire:\n{killed.tail()}"
+    assert killed.returncode != 0
+    committed = committed_epochs(work)
+    # Spark's own commit log never recorded micro-batch 1: the restart re-runs it.
+    assert CRASH_EPOCH not in pipeline.spark_batches("commits"), committed
+    assert len(MemorySink.committed_ids(work / "sink")) == len(committed) * MAX_RECORDS_PER_BATCH
+    restarted = run_in_child(pipeline, work, "restarted")
+    assert restarted.returncode == 0, restarted.tail()
+    return killed, sorted(MemorySink.committed_ids(work / "sink"))
+
+
+SPARK_POINTS = [
+    pytest.param("pre-commit-inside:1", id="3-pre-commit-inside"),
+    pytest.param("commit-inside:1:2", id="6-commit-inside"),
+    pytest.param("source-read:1:2", id="9-source-read"),
+    # The 4th write of the checkpoint store: publishing micro-batch 1's manifest (file store).
+    pytest.param("checkpoint-write:1:4", id="10-checkpoint-write-torn-manifest"),
+]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("crash", SPARK_POINTS)
+def test_a_pipeline_killed_inside_a_call_restarts_exactly_once(tmp_path, crash):
+    killed, ids = crash_then_restart(tmp_path, crash)
+    assert ids == expected_ids(ROWS)
+    if crash.startswith("checkpoint-write"):
+        (fired,) = killed.crashes
+        assert (fired["torn"] or "").endswith("manifest.json"), f"no torn manifest: {fired}"
+
+
+# The abort path: a sink call fails, Spark calls abort, a restart commits exactly once. --------
+
+FAILING_PLUGIN = """
+from pathlib import Path
+
+from laminar_sdk import ConfigKeySpec, TransactionError, hookimpl
+from laminar_sdk.reference import MemorySink
+
+
+class FailingSink(MemorySink):
+    # Commits from one instance (not distributed); fails once in epoch 1 at the call its
+    # 'fail' key names, while the marker file _fail-once in its directory exists.
+    CONFIG_KEYS = (
+        *MemorySink.CONFIG_KEYS,
+        ConfigKeySpec("fail", required=True, description="write_batch or commit_epoch"),
+    )
+
+    async def open(self, config):
+        await super().open(config)
+        self._fail = config.require("fail")
+        self._marker = Path(config.require("path")) / "_fail-once"
+        self._epoch_number = None
+
+    def as_distributed_commit(self):
+        return None
+
+    def _fail_once(self, call, epoch):
+        if (call, epoch) == (self._fail, 1) and self._marker.exists():
+            self._marker.unlink()
+            raise TransactionError(f"injected failure in {call} of epoch {epoch}")
+
+    async def begin_epoch(self, epoch):
+        self._epoch_number = epoch
+        await super().begin_epoch(epoch)
+
+    async def write_batch(self, batch):
+        self._fail_once("write_batch", self._epoch_number)
+        return await super().write_batch(batch)
+
+    async def commit_epoch(self, epoch):
+        self._fail_once("commit_epoch", epoch)
+        await super().commit_epoch(epoch)
+
+
+@hookimpl
+def laminar_register_connectors(registry):
+    registry.add_sink("failing-memory", FailingSink, config_keys=FailingSink.CONFIG_KEYS)
+"""
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_failing_sink_call_is_aborted_and_a_restart_commits_exactly_once(
+    tmp_path, install_distribution
+):
+    site = install_distribution(
+        "laminar-plugin-failing",
+        modules={"failing_plugin": FAILING_PLUGIN},
+        plugins={"failing": "failing_plugin"},
+    )
+
+    def failing_pipeline(call: str) -> SparkPipeline:
+        work = tmp_path / call
+        (work / "sink").mkdir(parents=True)
+        (work / "sink" / "_fail-once").touch()
+        return dataclasses.replace(
+            exactly_once_pipeline(work, ROWS),
+            sink="failing-memory",
+            sink_options={"path": str(work / "sink"), "fail": call},
+        )
+
+    calls = ["write_batch", "commit_epoch"]
+    pipelines = {call: failing_pipeline(call) for call in calls}
+    children = {
+        call: start_child(pipelines[call], tmp_path / call, "failed", python_path=(str(site),))
+        for call in calls
+    }
+    failed = {call: child.wait() for call, child in children.items()}
+    after_failure = {call: committed_epochs(tmp_path / call) for call in calls}
+    staged = {
+        call: sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / call).rglob("_staging/*"))
+        for call in calls
+    }
+    children = {
+        call: start_child(pipelines[call], tmp_path / call, "restarted", python_path=(str(site),))
+        for call in calls
+    }
+    restarted = {call: child.wait() for call, child in children.items()}
+    for call in calls:
+        assert failed[call].returncode != 0, failed[call].tail()
+        assert not failed[call].crashed
+        assert not (tmp_path / call / "sink" / "_fail-once").exists(), f"{call} never failed"
+        assert f"injected failure in {call} of epoch 1" in failed[call].tail(20_000)
+        assert restarted[call].returncode == 0, restarted[call].tail()
+        assert sorted(MemorySink.committed_ids(tmp_path / call / "sink")) == expected_ids(ROWS)
+
+    # Undecided (write_batch failed): epoch 1 rolled back, nothing of it left, then rewritten.
+    assert after_failure["write_batch"] == ["epoch-0"]
+    assert staged["write_batch"] == [], "a rolled-back epoch left staged data"
+    # Decided (commit_epoch failed after the manifest): Spark's abort finished the commit.
+    assert after_failure["commit_epoch"] == ["epoch-0", "epoch-1"], "abort did not finish it"
