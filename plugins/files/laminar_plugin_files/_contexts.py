@@ -1,0 +1,104 @@
+"""Test contexts for the conformance kit (``laminar_conformance_context``).
+
+They need nothing from ``laminar-conformance``: the kit checks them structurally, so the plugin
+loads and works without the kit installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from laminar_sdk import ConnectorConfig
+from laminar_sdk._durable import make_dirs, write_file_atomically
+from laminar_sdk.reference import IDS_SCHEMA
+
+_CONNECTOR = "files"
+# Small row groups and batches, so that restoring lands inside, between and after them.
+_ROW_GROUP_SIZE = 3
+_BATCH_SIZE = "4"
+
+
+def ids_batch(ids: Sequence[int]) -> pa.RecordBatch:
+    """Records of the SDK's ``ids`` schema carrying ``ids`` (partition 0, value = id)."""
+    id_array = pa.array(list(ids), pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [id_array, pa.array([0] * len(id_array), pa.int32()), id_array.cast(pa.float64())],
+        schema=IDS_SCHEMA,
+    )
+
+
+class FilesSinkContext:
+    """The ``files`` sink writing Parquet to ``workdir/files-sink``, read as a dataset.
+
+    :meth:`committed_ids` reads the directory as a downstream reader would:
+    ``pyarrow.dataset`` over the whole of it, which skips the ``_staging`` directory.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / "files-sink"
+
+    def config(self) -> ConnectorConfig:
+        """``path`` = this context's directory; Parquet; the ``ids`` schema."""
+        return ConnectorConfig(_CONNECTOR, {"path": str(self.path), "format": "parquet"})
+
+    def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
+        """An ``ids`` batch."""
+        return ids_batch(ids)
+
+    def committed_ids(self) -> list[int]:
+        """The ids of every row a ``pyarrow.dataset`` reader of the directory sees."""
+        if not self.path.exists():
+            return []
+        dataset = ds.dataset(str(self.path), format="parquet")
+        if not dataset.files:
+            return []
+        ids: list[int] = dataset.to_table(columns=["id"]).column("id").to_pylist()
+        return ids
+
+    def close(self) -> None:
+        """Nothing to release: the directory is the kit's."""
+
+
+class FilesSourceContext:
+    """The ``files`` source reading Parquet files from ``workdir/files-source``.
+
+    Each :meth:`append` writes one new file, atomically (a hidden temporary file renamed into
+    place), named so that it sorts after every earlier one. Files appended while a source
+    runs reach it (``live_appends``).
+    """
+
+    live_appends = True
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = workdir / "files-source"
+        make_dirs(self.path)
+        self._files = 0
+
+    def config(self) -> ConnectorConfig:
+        """``path`` = this context's directory; Parquet; small batches."""
+        return ConnectorConfig(
+            _CONNECTOR, {"path": str(self.path), "format": "parquet", "batch_size": _BATCH_SIZE}
+        )
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        """Write ``ids`` as the next file (even when empty); the source has one partition."""
+        if partition:
+            raise ValueError(f"the files source has one partition, not partition {partition}")
+        buffer = pa.BufferOutputStream()
+        pq.write_table(
+            pa.Table.from_batches([ids_batch(ids)]), buffer, row_group_size=_ROW_GROUP_SIZE
+        )
+        name = f"part-{self._files:06d}.parquet"
+        write_file_atomically(self.path / name, buffer.getvalue().to_pybytes())
+        self._files += 1
+
+    def ids(self, records: pa.RecordBatch) -> list[int]:
+        """The ``id`` column."""
+        return [int(value) for value in records.column("id").to_pylist()]
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,14 @@
+"""The files plugin adopts the conformance suites, as any plugin would."""
+
+from __future__ import annotations
+
+from laminar_conformance.sink import SinkSuite
+from laminar_conformance.source import SourceSuite
+
+
+class TestFilesSink(SinkSuite):
+    connector = "files"
+
+
+class TestFilesSource(SourceSuite):
+    connector = "files"
