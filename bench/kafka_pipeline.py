@@ -1,0 +1,538 @@
+"""Throughput of Kafka -> Spark -> Kafka through laminar, exactly once, against Spark's own.
+
+One run starts a Kafka broker (``laminar_conformance.services.kafka_service()``: the cluster
+named by ``LAMINAR_KAFKA_BOOTSTRAP``, else a local one), produces N messages of ``--size``
+bytes to an input topic of ``--partitions`` partitions, and times four ways to move them:
+
+- laminar pipeline: ``format("laminar")`` ``kafka`` source -> ``kafka`` sink on Spark
+  ``local[2]``, exactly once (a Kafka transaction per micro-batch);
+- Spark's own pipeline: ``format("kafka")`` source -> sink, with the ``spark-sql-kafka-0-10``
+  jars from Maven Central (its sink is at-least-once);
+- laminar source: the ``kafka`` source connector's ``poll_batch`` loop, in this process;
+- plain consumer: a confluent-kafka ``consume()`` loop, in this process.
+
+Each Spark pipeline runs in a process of its own (its own session and JVM: the Kafka jars are
+set at session start) on ``local[2]``, both with the same micro-batch size
+(``--batch-messages``: the laminar one's ``laminar.max.records.per.batch``, Spark's
+``maxOffsetsPerTrigger``). Each process first runs its query once, untimed, on a small warm-up
+topic (``--warm-up`` messages: Python workers and JVM classes loaded), then ``--repeat`` timed
+queries, each from building it until ``trigger(availableNow=True)`` finishes, each into a
+topic of its own. Every output topic is read back with ``isolation.level=read_committed``: a
+laminar one must hold every message exactly once (else the run fails); duplicates in Spark's
+are reported. The in-process readers, taking turns, each read all N messages from the start
+``--repeat`` times and sum the bytes of their values. Times and ratios are medians.
+
+Usage::
+
+    python bench/kafka_pipeline.py [--messages 1000000] [--size 100] [--partitions 2]
+        [--batch-messages 250000] [--warm-up 10000] [--repeat 3]
+        [--spark-kafka-version VERSION] [--spark-kafka-pin G:A:V]
+
+``--spark-kafka-version`` defaults to the installed PySpark's version; name another release
+when the Maven repository has no ``spark-sql-kafka-0-10_2.13`` of that version, and pin with
+``--spark-kafka-pin`` (repeatable) the version of a dependency it lacks, e.g.
+``--spark-kafka-version 4.2.0 --spark-kafka-pin
+org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0``.
+
+Prints each variant's time and messages/s and the ratios. Target (issue 6): the laminar
+pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's sink does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyspark
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from laminar_conformance.services import ServiceError, die_with_parent, kafka_service
+from laminar_conformance.services._kafka import resolve_maven_jars
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from laminar_sdk import load_connector_registry
+from laminar_sdk.spark import build_session
+
+TARGET = 0.8
+SEQUENCE_DIGITS = 12  # each value starts with its sequence number, so duplicates show
+FETCH = 10_000  # messages per consume() call, as the kafka source's batch.size default
+SPARK_KAFKA_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+TIMEOUT_S = 600.0
+VARIANTS = ("laminar", "spark")
+_JAR = re.compile(r"(?P<artifact>.+?)-\d[^_]*\.jar")  # artifact-VERSION.jar
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one pipeline run reads and writes."""
+
+    input: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """The bench's topics, named after the run: the inputs and each query's output.
+
+    :param run: makes the names unique.
+    :param repeat: how many timed queries each pipeline runs (each writes a topic of its own).
+    """
+
+    run: str
+    repeat: int
+
+    def input(self, *, warm_up: bool = False) -> str:
+        return f"bench-{'warm-up' if warm_up else 'in'}-{self.run}"
+
+    def routes(self, variant: str) -> list[Route]:
+        """The warm-up query's route, then the timed queries'."""
+        return [
+            Route(self.input(warm_up=True), f"bench-warm-up-{variant}-{self.run}"),
+            *(
+                Route(self.input(), f"bench-out-{variant}-{attempt}-{self.run}")
+                for attempt in range(self.repeat)
+            ),
+        ]
+
+    def created(self) -> list[str]:
+        outputs = [route.output for variant in VARIANTS for route in self.routes(variant)]
+        return [self.input(warm_up=True), self.input(), *outputs]
+
+    def made_by_sinks(self) -> list[str]:
+        """The laminar sink's epoch-marker topics."""
+        return [f"{route.output}.laminar-epochs" for route in self.routes("laminar")]
+
+
+@dataclass(frozen=True, slots=True)
+class Contents:
+    """What a topic holds, read committed: records, distinct sequence numbers, value bytes."""
+
+    records: int
+    distinct: int
+    value_bytes: int
+
+
+# Kafka ------------------------------------------------------------------------------------
+
+
+def create_topics(bootstrap: str, names: list[str], partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, partitions, 1) for name in names])
+    for future in futures.values():
+        future.result(timeout=60)
+
+
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Best effort: on a shared cluster, leave no bench topics behind."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            future.result(timeout=60)
+        except Exception as error:  # noqa: BLE001 - a topic never created is fine
+            if "UNKNOWN_TOPIC" not in str(error):
+                print(f"note: could not delete a bench topic: {error}", file=sys.stderr)
+
+
+def produce(bootstrap: str, topic: str, messages: int, size: int, partitions: int) -> float:
+    """Produce ``messages`` values of ``size`` bytes, spread evenly; return the seconds taken."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
+    padding = b"x" * (size - SEQUENCE_DIGITS)
+    began = time.perf_counter()
+    for sequence in range(messages):
+        value = b"%012d" % sequence + padding
+        while True:
+            try:
+                producer.produce(topic, value, partition=sequence % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120) != 0:
+        raise SystemExit(f"producing to {topic}: messages still unacknowledged after 120 s")
+    return time.perf_counter() - began
+
+
+def _partitions(consumer: Consumer, topic: str) -> list[TopicPartition]:
+    metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+    return [TopicPartition(topic, number, OFFSET_BEGINNING) for number in metadata.partitions]
+
+
+def _consumer(bootstrap: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+        }
+    )
+
+
+def read_back(bootstrap: str, topic: str, expected: int) -> Contents:
+    """Read ``topic`` to its end (read committed), counting records and sequence numbers."""
+    consumer = _consumer(bootstrap)
+    try:
+        assignment = _partitions(consumer, topic)
+        consumer.assign(assignment)
+        seen = bytearray(expected)
+        records = distinct = value_bytes = 0
+        ended: set[int] = set()
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(ended) < len(assignment):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"reading {topic} back did not reach its end")
+            for message in consumer.consume(FETCH, 1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        raise SystemExit(f"reading {topic} back: {error}")
+                    ended.add(message.partition() or 0)
+                    continue
+                ended.discard(message.partition() or 0)
+                value = message.value() or b""
+                records += 1
+                value_bytes += len(value)
+                sequence = int(value[:SEQUENCE_DIGITS])
+                if 0 <= sequence < expected and not seen[sequence]:
+                    seen[sequence] = 1
+                    distinct += 1
+        return Contents(records, distinct, value_bytes)
+    finally:
+        consumer.close()
+
+
+# In-process readers ------------------------------------------------------------------------
+
+
+def plain_consumer(bootstrap: str, topic: str, messages: int) -> tuple[float, int]:
+    """A confluent-kafka consume() loop reading ``messages`` values; (seconds, value bytes)."""
+    began = time.perf_counter()
+    consumer = _consumer(bootstrap)
+    try:
+        consumer.assign(_partitions(consumer, topic))
+        read = value_bytes = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while read < messages:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"plain consumer: {read} of {messages} messages read")
+            for message in consumer.consume(FETCH, 0.05):
+                if message.error() is None:
+                    read += 1
+                    value_bytes += len(message.value() or b"")
+        return time.perf_counter() - began, value_bytes
+    finally:
+        consumer.close()
+
+
+async def laminar_source(bootstrap: str, topic: str, messages: int) -> tuple[float, int]:
+    """The ``kafka`` source's poll_batch loop reading ``messages``; (seconds, value bytes)."""
+    began = time.perf_counter()
+    source, _ = await load_connector_registry().open_source(
+        "kafka", {"bootstrap.servers": bootstrap, "topic": topic}
+    )
+    try:
+        read = value_bytes = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while read < messages:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"laminar source: {read} of {messages} messages read")
+            batch = await source.poll_batch(FETCH)
+            if batch is not None:
+                read += batch.num_rows
+                value_bytes += pc.sum(pc.binary_length(batch.records.column("value"))).as_py()
+        return time.perf_counter() - began, value_bytes
+    finally:
+        await source.close()
+
+
+# Spark pipelines, each in a process of its own ---------------------------------------------
+
+
+def spark_kafka_jars(version: str, pinned: list[str]) -> list[str]:
+    """The spark-sql-kafka jars and their dependencies, less those PySpark ships already."""
+    pins = ",".join(sorted(pinned))
+    try:
+        libs = resolve_maven_jars(
+            [f"{SPARK_KAFKA_ARTIFACT}:{version}"],
+            f"spark-sql-kafka/{version}"
+            + (f"-{hashlib.sha256(pins.encode()).hexdigest()[:8]}" if pins else ""),
+            what=f"{SPARK_KAFKA_ARTIFACT} {version}" + (f" (pinned: {pins})" if pins else ""),
+            pinned=pinned,
+        )
+    except ServiceError as error:
+        raise SystemExit(
+            f"{error}\n\nname a spark-sql-kafka release the repository has with "
+            "--spark-kafka-version, and pin the dependencies it lacks with --spark-kafka-pin "
+            "(see the usage in this script's docstring)"
+        ) from error
+    shipped = {_artifact(jar) for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(str(jar) for jar in libs.glob("*.jar") if _artifact(jar) not in shipped)
+
+
+def _artifact(jar: Path) -> str:
+    match = _JAR.fullmatch(jar.name)
+    return match["artifact"] if match else jar.name
+
+
+def start_laminar(
+    spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
+) -> StreamingQuery:
+    return (
+        spark.readStream.format("laminar")
+        .option("connector", "kafka")
+        .option("bootstrap.servers", bootstrap)
+        .option("topic", route.input)
+        .option("laminar.delivery", "exactly-once")
+        .option("laminar.max.records.per.batch", str(batch_messages))
+        .load()
+        .select("key", "value")
+        .writeStream.format("laminar")
+        .option("connector", "kafka")
+        .option("bootstrap.servers", bootstrap)
+        .option("topic", route.output)
+        .option("delivery", "exactly-once")
+        .option("staging.dir", str(work / "staging"))
+        .option("laminar.delivery", "exactly-once")
+        .option("checkpointLocation", str(work / route.output))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def start_spark(
+    spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
+) -> StreamingQuery:
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", route.input)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(batch_messages))
+        .load()
+        .select("key", "value")
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", route.output)
+        .option("checkpointLocation", str(work / route.output))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def in_own_process(
+    variant: str, bootstrap: str, routes: list[Route], batch_messages: int, jars: list[str]
+) -> list[float]:
+    """Run one Spark pipeline per route, in order, in a new process (and process group).
+
+    :returns: the seconds each took.
+    """
+    arguments = [
+        sys.executable,
+        __file__,
+        "--pipeline",
+        variant,
+        "--pipeline-bootstrap",
+        bootstrap,
+        "--pipeline-routes",
+        json.dumps([[route.input, route.output] for route in routes]),
+        "--batch-messages",
+        str(batch_messages),
+        "--pipeline-jars",
+        ",".join(jars),
+    ]
+    with subprocess.Popen(
+        arguments,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, safe after fork
+    ) as child:
+        try:
+            output, _ = child.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(
+                f"the {variant} pipeline did not finish in {TIMEOUT_S:.0f} s"
+            ) from None
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    if child.returncode != 0:
+        raise SystemExit(f"the {variant} pipeline failed (exit {child.returncode}); see above")
+    return [float(seconds) for seconds in json.loads(output.strip().splitlines()[-1])]
+
+
+def pipeline_main(args: argparse.Namespace) -> None:
+    """Child process: run the pipeline per route; print their seconds as JSON, last line."""
+    routes = [Route(*pair) for pair in json.loads(args.pipeline_routes)]
+    start = start_laminar if args.pipeline == "laminar" else start_spark
+    conf = {"spark.ui.showConsoleProgress": "false"}
+    if args.pipeline_jars:
+        conf["spark.jars"] = args.pipeline_jars
+    work = Path(tempfile.mkdtemp(prefix=f"laminar-bench-kafka-{args.pipeline}-"))
+    spark = build_session(**conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    seconds: list[float] = []
+    try:
+        for route in routes:
+            began = time.perf_counter()
+            start(
+                spark, args.pipeline_bootstrap, route, args.batch_messages, work
+            ).awaitTermination()
+            seconds.append(time.perf_counter() - began)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(seconds), flush=True)
+
+
+# The run ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def bench_topics(bootstrap: str, partitions: int, repeat: int) -> Iterator[Topics]:
+    topics = Topics(uuid.uuid4().hex[:8], repeat)
+    create_topics(bootstrap, topics.created(), partitions)
+    try:
+        yield topics
+    finally:
+        delete_topics(bootstrap, topics.created() + topics.made_by_sinks())
+
+
+def check(name: str, contents: Contents, messages: int, size: int, exact: bool) -> str:
+    """A line on what an output topic holds; exits when the laminar one is not exact."""
+    duplicates = contents.records - contents.distinct
+    line = (
+        f"{name} output: {contents.records} records, {contents.distinct} distinct of "
+        f"{messages}, {duplicates} duplicates"
+    )
+    complete = contents.distinct == messages and contents.value_bytes >= messages * size
+    if not complete or (exact and duplicates):
+        raise SystemExit(f"FAILED: {line} (expected every message{' exactly once' * exact})")
+    return line
+
+
+def report(name: str, seconds: list[float], messages: int, note: str = "") -> float:
+    """Print the median of ``seconds`` (and each of them, when several); return the median."""
+    median = statistics.median(seconds)
+    each = f"  (each: {', '.join(f'{value:.2f}' for value in seconds)})" if len(seconds) > 1 else ""
+    rate = messages / median / 1e3
+    print(f"{name:>16}: {median:7.2f} s  {rate:8.1f} k messages/s{each}{note}", flush=True)
+    return median
+
+
+def read_in_process(
+    bootstrap: str, topic: str, messages: int, size: int, repeat: int
+) -> dict[str, float]:
+    """Time both in-process readers ``repeat`` times each, alternating; return the medians."""
+    seconds: dict[str, list[float]] = {"plain consumer": [], "laminar source": []}
+    for _ in range(repeat):
+        plain, plain_bytes = plain_consumer(bootstrap, topic, messages)
+        source, source_bytes = asyncio.run(laminar_source(bootstrap, topic, messages))
+        if plain_bytes != messages * size or source_bytes != messages * size:
+            raise SystemExit(
+                f"FAILED: values read: plain consumer {plain_bytes} bytes, laminar source "
+                f"{source_bytes} bytes; expected {messages * size}"
+            )
+        seconds["plain consumer"].append(plain)
+        seconds["laminar source"].append(source)
+    return {name: report(name, values, messages) for name, values in seconds.items()}
+
+
+def run(args: argparse.Namespace) -> None:
+    jars = spark_kafka_jars(args.spark_kafka_version, args.spark_kafka_pin)
+    messages = args.messages
+    with (
+        kafka_service() as kafka,
+        bench_topics(kafka.bootstrap_servers, args.partitions, args.repeat) as topics,
+    ):
+        bootstrap = kafka.bootstrap_servers
+        print(
+            f"broker {bootstrap} ({kafka.provider.value}); {messages} messages of {args.size} "
+            f"bytes, {args.partitions} partitions; micro-batches of {args.batch_messages}; "
+            f"warm-up {args.warm_up} messages; {args.repeat} timed run(s) each, medians; "
+            f"spark-sql-kafka {args.spark_kafka_version}"
+            + "".join(f", pinned {pin}" for pin in args.spark_kafka_pin),
+            flush=True,
+        )
+        produce(bootstrap, topics.input(warm_up=True), args.warm_up, args.size, args.partitions)
+        produced = produce(bootstrap, topics.input(), messages, args.size, args.partitions)
+        report("produce", [produced], messages)
+        seconds = read_in_process(bootstrap, topics.input(), messages, args.size, args.repeat)
+        for variant in VARIANTS:
+            routes = topics.routes(variant)
+            warm_up, *timed = in_own_process(
+                variant, bootstrap, routes, args.batch_messages, jars if variant == "spark" else []
+            )
+            note = f"  (warm-up query {warm_up:.2f} s)"
+            seconds[f"{variant} pipeline"] = report(f"{variant} pipeline", timed, messages, note)
+            for route in routes[1:]:
+                contents = read_back(bootstrap, route.output, messages)
+                print(check(variant, contents, messages, args.size, variant == "laminar"))
+    pipeline = seconds["spark pipeline"] / seconds["laminar pipeline"]
+    verdict = "met" if pipeline >= TARGET else "MISSED"
+    print(
+        f"laminar pipeline / spark pipeline: {pipeline:.2f}x "
+        f"(target >= {TARGET}x: {verdict}; laminar exactly-once, spark at-least-once)"
+    )
+    source = seconds["plain consumer"] / seconds["laminar source"]
+    print(f"laminar source / plain consumer:   {source:.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100, help="bytes per message value")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--batch-messages", type=int, default=250_000)
+    parser.add_argument(
+        "--warm-up", type=int, default=10_000, help="messages of each untimed warm-up query"
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each variant")
+    parser.add_argument("--spark-kafka-version", default=pyspark.__version__)
+    parser.add_argument("--spark-kafka-pin", action="append", default=[], metavar="G:A:V")
+    # Internal: run one Spark pipeline in this process (see in_own_process).
+    parser.add_argument("--pipeline", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline-bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline-routes", help=argparse.SUPPRESS)
+    parser.add_argument("--pipeline-jars", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.pipeline:
+        pipeline_main(args)
+        return
+    if args.size < SEQUENCE_DIGITS:
+        parser.error(f"--size must be at least {SEQUENCE_DIGITS} (values carry a sequence number)")
+    if min(args.messages, args.partitions, args.batch_messages, args.warm_up, args.repeat) < 1:
+        parser.error("--messages, --partitions, --batch-messages, --warm-up, --repeat: >= 1")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()

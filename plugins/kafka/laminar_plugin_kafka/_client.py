@@ -1,0 +1,412 @@
+"""Kafka clients built from connector settings, and what they raise, as SDK errors."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterator, Mapping, MutableMapping
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from laminar_sdk import (
+    CheckpointError,
+    ConfigurationError,
+    ConnectionFailed,
+    ConnectorError,
+    ReadError,
+)
+
+from laminar_plugin_kafka._config import PASSTHROUGH_PREFIX, ClientSettings
+
+LIBRDKAFKA_LOGGER = logging.getLogger("laminar_plugin_kafka.librdkafka")
+"""Where librdkafka's own log lines go (instead of standard error)."""
+
+PartitionKey = tuple[str, int]
+"""A partition: its topic and number."""
+
+_UNREACHABLE = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._RESOLVE,
+        KafkaError._AUTHENTICATION,
+        KafkaError._SSL,
+        KafkaError.SASL_AUTHENTICATION_FAILED,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+# Leadership moving (a broker restarted, a topic was just created): ask again.
+_MOVING = frozenset(
+    {
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError._NOENT,
+    }
+)
+_GONE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+_PROPERTY = re.compile(r'(?:property:?|for) "([^"]+)"')
+_IDLE_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def fatal_errors_unwrapped() -> Iterator[None]:
+    """Raise a fatal client error as the :class:`KafkaException` it is.
+
+    confluent-kafka reports a fatal error (a fenced producer, say) that happens while it serves
+    callbacks — in ``flush``, ``poll`` or a transaction call — as a ``SystemError`` caused by
+    the ``KafkaException``.
+    """
+    try:
+        yield
+    except SystemError as error:
+        if isinstance(error.__cause__, KafkaException):
+            raise error.__cause__ from None
+        raise
+
+
+def partition_key(key: PartitionKey) -> str:
+    """``topic/partition``: how a partition is named in checkpoints and batches."""
+    return f"{key[0]}/{key[1]}"
+
+
+def parse_partition_key(connector: str, text: str) -> PartitionKey:
+    """The partition a checkpoint names ``topic/partition``.
+
+    :raises CheckpointError: when ``text`` is not of that form.
+    """
+    topic, _, number = text.rpartition("/")
+    if not topic or not (number.isascii() and number.isdecimal()):
+        raise CheckpointError(
+            f"{connector}: checkpoint partition {text!r} is not 'topic/partition'; was the "
+            "checkpoint written by another connector?"
+        )
+    return topic, int(number)
+
+
+def parse_offset(connector: str, partition: str, text: str) -> int:
+    """A checkpoint offset: the next offset to read in ``partition``.
+
+    :raises CheckpointError: when ``text`` is not a non-negative decimal integer.
+    """
+    if not (text.isascii() and text.isdecimal()):
+        raise CheckpointError(
+            f"{connector}: checkpoint offset of {partition} must be a decimal offset, got {text!r}"
+        )
+    return int(text)
+
+
+def kafka_error(error: BaseException) -> KafkaError | None:
+    """The :class:`KafkaError` a client exception carries, if any."""
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        return error.args[0]
+    return None
+
+
+def describe(settings: ClientSettings, error: BaseException | KafkaError) -> str:
+    """A one-line description of a client error, without secrets."""
+    found = error if isinstance(error, KafkaError) else kafka_error(error)
+    text = f"{found.name()}: {found.str()}" if found is not None else str(error)
+    return settings.scrub(text)
+
+
+def is_unreachable(error: BaseException | KafkaError) -> bool:
+    """Whether ``error`` says the brokers could not be reached (or answered too late)."""
+    found = error if isinstance(error, KafkaError) else kafka_error(error)
+    return found is not None and found.code() in _UNREACHABLE
+
+
+def is_transient(error: KafkaError) -> bool:
+    """Whether asking again may succeed: the client says so, or brokers or leaders move.
+
+    (``_NOENT`` from an offsets query means no leader is known for a partition yet.)
+    """
+    return error.retriable() or error.code() in _UNREACHABLE or error.code() in _MOVING
+
+
+def unreachable(settings: ClientSettings, what: str, error: BaseException) -> ConnectionFailed:
+    """:class:`ConnectionFailed` for ``what`` failing because the brokers did not answer."""
+    return ConnectionFailed(
+        f"{settings.connector}: cannot {what}: the brokers at bootstrap.servers="
+        f"{settings.bootstrap_servers} did not answer within {settings.timeout_s:g}s "
+        f"({describe(settings, error)}); check the address, that the brokers run, and the "
+        f"{PASSTHROUGH_PREFIX}security.protocol / sasl / ssl settings"
+    )
+
+
+def client_error(
+    settings: ClientSettings,
+    what: str,
+    error: BaseException,
+    otherwise: type[ConnectorError],
+) -> ConnectorError:
+    """The SDK error for ``what`` failing with ``error``: unreachable brokers, or ``otherwise``."""
+    if is_unreachable(error):
+        return unreachable(settings, what, error)
+    return otherwise(f"{settings.connector}: cannot {what}: {describe(settings, error)}")
+
+
+def _configuration_error(
+    settings: ClientSettings, role: str, error: KafkaException
+) -> ConfigurationError:
+    text = describe(settings, error)
+    match = _PROPERTY.search(text)
+    key = None
+    if match and match[1] in settings.passthrough:
+        key = PASSTHROUGH_PREFIX + match[1]
+    return ConfigurationError(
+        f"{settings.connector}: the Kafka {role} refuses the configuration: {text}; check the "
+        f"{PASSTHROUGH_PREFIX}* keys against librdkafka's CONFIGURATION.md",
+        key=key,
+    )
+
+
+def client_config(
+    settings: ClientSettings, defaults: Mapping[str, object], managed: Mapping[str, object]
+) -> dict[str, Any]:
+    """Librdkafka settings: ``defaults``, then the ``kafka.*`` keys, then ``managed``."""
+    return {
+        **defaults,
+        **settings.passthrough,
+        "bootstrap.servers": settings.bootstrap_servers,
+        **managed,
+        "logger": LIBRDKAFKA_LOGGER,
+    }
+
+
+def new_consumer(settings: ClientSettings, config: dict[str, Any]) -> Consumer:
+    """A consumer of ``config``.
+
+    :raises ConfigurationError: when librdkafka refuses a setting.
+    """
+    try:
+        return Consumer(config)
+    except KafkaException as error:
+        raise _configuration_error(settings, "consumer", error) from error
+
+
+def new_producer(settings: ClientSettings, config: dict[str, Any]) -> Producer:
+    """A producer of ``config``.
+
+    :raises ConfigurationError: when librdkafka refuses a setting.
+    """
+    try:
+        return Producer(config)
+    except KafkaException as error:
+        raise _configuration_error(settings, "producer", error) from error
+
+
+def new_admin(settings: ClientSettings) -> AdminClient:
+    """An admin client for the brokers of ``settings``.
+
+    :raises ConfigurationError: when librdkafka refuses a setting.
+    """
+    try:
+        return AdminClient(client_config(settings, {}, {}))
+    except KafkaException as error:
+        raise _configuration_error(settings, "admin client", error) from error
+
+
+def consume_ready(consumer: Consumer, count: int, wait_s: float) -> list[Message]:
+    """Up to ``count`` records and events: as soon as there is one, all that are there then.
+
+    ``Consumer.consume(count, wait_s)`` returns early only once it has ``count`` messages, so
+    a call that gets fewer always waits all of ``wait_s``. Here the wait ends with the first
+    message (``poll``), and the rest of what the client has fetched comes without waiting.
+
+    Blocking: call it in a worker thread.
+    """
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    if count <= 1:
+        return [first]
+    return [first, *consumer.consume(count - 1, 0)]
+
+
+def know_leaders(settings: ClientSettings, client: Consumer | Producer, topics: set[str]) -> None:
+    """Ask for ``topics``' metadata, so the client knows their partitions' leaders.
+
+    A consumer assigned a logical offset (beginning, end) before it knows the partition's
+    leader looks the offset up only after a fixed 500 ms; a transactional producer that has
+    no broker connection yet looks for its coordinator only after 500 ms. Asking first costs
+    one round trip. Failures are left to the call that follows, which reports them.
+
+    Blocking: call it in a worker thread.
+    """
+    with contextlib.suppress(KafkaException):
+        for topic in sorted(topics):
+            client.list_topics(topic, timeout=settings.timeout_s)
+
+
+def read_until(
+    settings: ClientSettings,
+    consumer: Consumer,
+    positions: MutableMapping[PartitionKey, int],
+    ends: Mapping[PartitionKey, int],
+    *,
+    batch_size: int,
+) -> Iterator[list[Message]]:
+    """Read the assigned partitions until each one's position reaches its end offset.
+
+    Blocking: call it in a worker thread. ``positions`` holds where each partition's reading
+    starts and is moved on as records are read. Offsets are not dense (transaction markers
+    and aborted records take offsets and are never returned), so a partition is done when a
+    record at or past its end arrives, or the client reports the partition's end (EOF) at or
+    past it — never by counting records. Records at or past the end are dropped.
+
+    :raises ReadError: when records are gone (deleted or truncated), on a fatal error, or
+        when no progress is made within the settings' timeout.
+    """
+    idle_since = time.monotonic()
+    while any(positions[key] < end for key, end in ends.items()):
+        chunk: list[Message] = []
+        for message in consume_ready(consumer, batch_size, _IDLE_POLL_S):
+            key = (message.topic() or "", message.partition() or 0)
+            offset = message.offset() or 0
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    positions[key] = max(positions.get(key, 0), offset)
+                    continue
+                raise_for_consumer_error(settings, error, key)
+                continue
+            if key not in ends or positions[key] >= ends[key]:
+                continue
+            if offset < ends[key]:
+                chunk.append(message)
+            positions[key] = max(positions[key], offset + 1)
+            idle_since = time.monotonic()
+        if chunk:
+            yield chunk
+        elif time.monotonic() - idle_since > settings.timeout_s:
+            behind = {
+                partition_key(k): (positions[k], e) for k, e in ends.items() if positions[k] < e
+            }
+            raise ReadError(
+                f"{settings.connector}: reading stopped short of the planned end offsets for "
+                f"{settings.timeout_s:g}s (partition: (position, end)) {behind}; the brokers "
+                "may be unreachable, or the records were truncated"
+            )
+
+
+def latest_offsets(
+    settings: ClientSettings,
+    admin: AdminClient,
+    keys: list[PartitionKey],
+    level: IsolationLevel,
+    otherwise: type[ConnectorError],
+) -> dict[PartitionKey, int]:
+    """Each partition's end for readers of ``level``, asking again while a leader is moving.
+
+    The end is the last stable offset (read committed) or the high watermark.
+
+    Blocking: call it in a worker thread.
+
+    :raises ConnectionFailed: when the brokers do not answer within the timeout.
+    :raises ConnectorError: ``otherwise``, when they refuse.
+    """
+    return _list_offsets(settings, admin, keys, level, otherwise, spec=OffsetSpec.latest())
+
+
+def offset_bounds(
+    settings: ClientSettings,
+    admin: AdminClient,
+    keys: list[PartitionKey],
+    level: IsolationLevel,
+    otherwise: type[ConnectorError],
+) -> dict[PartitionKey, tuple[int, int]]:
+    """Each partition's first offset and end for readers of ``level`` (two requests in all).
+
+    Asked of an admin client rather than of a consumer: a consumer's broker connection
+    answers a query only after the fetch in flight on it (up to ``fetch.wait.max.ms``).
+
+    Blocking: call it in a worker thread.
+
+    :raises ConnectionFailed: when the brokers do not answer within the timeout.
+    :raises ConnectorError: ``otherwise``, when they refuse.
+    """
+    if not keys:
+        return {}
+    firsts = _list_offsets(settings, admin, keys, level, otherwise, spec=OffsetSpec.earliest())
+    ends = latest_offsets(settings, admin, keys, level, otherwise)
+    return {key: (firsts[key], ends[key]) for key in keys}
+
+
+def _list_offsets(
+    settings: ClientSettings,
+    admin: AdminClient,
+    keys: list[PartitionKey],
+    level: IsolationLevel,
+    otherwise: type[ConnectorError],
+    *,
+    spec: OffsetSpec,
+) -> dict[PartitionKey, int]:
+    requests = {TopicPartition(*key): spec for key in keys}
+    deadline = time.monotonic() + settings.timeout_s
+    while True:
+        futures = admin.list_offsets(
+            requests, isolation_level=level, request_timeout=settings.timeout_s
+        )
+        # Every answer before going on: a callback pending when the client is garbage
+        # collected would run in its own thread, where librdkafka aborts on destruction.
+        concurrent.futures.wait(list(futures.values()))
+        try:
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
+        except KafkaException as error:
+            found = kafka_error(error)
+            moving = found is not None and not found.fatal() and is_transient(found)
+            if not moving or time.monotonic() > deadline:
+                what = "query the offsets of " + ", ".join(partition_key(k) for k in keys)
+                raise client_error(settings, what, error, otherwise) from error
+        time.sleep(_IDLE_POLL_S)
+        # The client asks the leader it knows of, with the leader epoch it knows of: after a
+        # broker restart both may be stale until it reads the topics' metadata again.
+        with contextlib.suppress(KafkaException):
+            for topic in sorted({topic for topic, _ in keys}):
+                admin.list_topics(topic, timeout=settings.timeout_s)
+
+
+def raise_for_consumer_error(
+    settings: ClientSettings, error: KafkaError, key: PartitionKey
+) -> None:
+    """Raise for a consumer error that loses data or cannot be recovered; log the others.
+
+    Transient errors (a broker down, a leader moving) are retried by the client itself.
+
+    :raises ReadError: when records of ``key`` are gone, or the error is fatal.
+    """
+    if error.code() in _GONE:
+        raise ReadError(
+            f"{settings.connector}: records of {partition_key(key)} are gone: "
+            f"{describe(settings, error)}. They were deleted (retention) or truncated before "
+            "they were read; restore a checkpoint at or after the partition's earliest offset"
+        )
+    if error.fatal() or not is_transient(error):
+        raise ReadError(
+            f"{settings.connector}: reading {partition_key(key)} failed: "
+            f"{describe(settings, error)}"
+        )
+    LIBRDKAFKA_LOGGER.warning("%s: %s (retrying)", settings.connector, describe(settings, error))

@@ -1,0 +1,351 @@
+"""Test contexts for the conformance kit: a fresh topic per context, on one shared broker.
+
+Records carry their id as decimal text, in the key and in the value. The kit's
+``laminar_conformance`` package is imported only when the first context asks for a broker,
+so the plugin loads without the kit installed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import functools
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import NewTopic
+from laminar_sdk import ConnectorConfig, ReadError
+
+from laminar_plugin_kafka._client import (
+    LIBRDKAFKA_LOGGER,
+    PartitionKey,
+    consume_ready,
+    know_leaders,
+    latest_offsets,
+    new_admin,
+    raise_for_consumer_error,
+)
+from laminar_plugin_kafka._config import ClientSettings
+
+SINK_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary())])
+"""The ``kafka`` sink's default schema, which the sink context writes."""
+
+_CONTEXT = "kafka conformance context"
+_TIMEOUT_S = 30.0
+_VISIBLE_POLL_S = 0.02
+_BATCH = 8  # topics created, and deleted, per request
+_SINK_PARTITIONS = 2
+_EXIT_PROBE_S = 3.0
+
+
+@functools.cache
+def shared_bootstrap_servers() -> str:
+    """The brokers every context of this process uses, found or started on first use.
+
+    ``laminar_conformance.services.kafka_service()`` decides: ``LAMINAR_KAFKA_BOOTSTRAP``, a
+    container, or a local broker, which is stopped when the process exits.
+    """
+    from laminar_conformance.services import kafka_service  # noqa: PLC0415 - the kit is optional
+
+    stack = contextlib.ExitStack()
+    service = stack.enter_context(kafka_service())
+    atexit.register(stack.close)
+    return service.bootstrap_servers
+
+
+def _settings(bootstrap: str) -> ClientSettings:
+    return ClientSettings(_CONTEXT, bootstrap, {}, (), _TIMEOUT_S)
+
+
+class _Topics:
+    """The topics of this process's contexts on one cluster: made ahead, deleted in batches.
+
+    A conformance run makes hundreds of contexts, each with a fresh topic. Creating topics
+    :data:`_BATCH` at a time (one request, one wait for their leaders), and deleting the used
+    ones :data:`_BATCH` at a time, costs a round trip per batch instead of per context. A
+    topic is handed out once, never written before. Also holds one producer for appending.
+    """
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.settings = _settings(bootstrap)
+        self.admin = new_admin(self.settings)
+        self._fresh: dict[int, list[str]] = {}
+        self._used: list[str] = []
+        self._producer: Producer | None = None
+
+    def take(self, partitions: int) -> str:
+        """A fresh, empty topic of ``partitions`` partitions, each with a leader."""
+        fresh = self._fresh.setdefault(partitions, [])
+        if not fresh:
+            fresh.extend(self._create(partitions))
+        return fresh.pop()
+
+    def _create(self, partitions: int) -> list[str]:
+        names = [f"laminar-conformance-{uuid.uuid4().hex[:16]}" for _ in range(_BATCH)]
+        futures = self.admin.create_topics(
+            [NewTopic(name, num_partitions=partitions) for name in names],
+            request_timeout=_TIMEOUT_S,
+        )
+        for future in futures.values():
+            future.result(timeout=_TIMEOUT_S)
+        # The broker's metadata lags the creation: wait until clients see the topics, and a
+        # leader for each partition.
+        deadline = time.monotonic() + _TIMEOUT_S
+        while not self._ready(names, partitions):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{_CONTEXT}: topics {names} did not become ready")
+            time.sleep(_VISIBLE_POLL_S)
+        return names
+
+    def _ready(self, names: list[str], partitions: int) -> bool:
+        topics = self.admin.list_topics(timeout=_TIMEOUT_S).topics
+        for name in names:
+            topic = topics.get(name)
+            if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+                return False
+            if any(partition.leader < 0 for partition in topic.partitions.values()):
+                return False
+        return True
+
+    def release(self, *names: str) -> None:
+        """Delete ``names`` (those that exist) with the next batch."""
+        self._used.extend(names)
+        if len(self._used) >= _BATCH:
+            self.delete_released()
+
+    def delete_released(self, timeout_s: float = _TIMEOUT_S) -> None:
+        """Delete the released topics now (those that exist).
+
+        Waits for the answers: a callback still pending when the admin client is garbage
+        collected would run in the client's own thread, and librdkafka aborts the process
+        when a client is destroyed from its own thread.
+
+        :raises KafkaException: when the brokers cannot be asked.
+        """
+        doomed, self._used = self._used, []
+        existing = self.admin.list_topics(timeout=timeout_s).topics
+        doomed = [name for name in doomed if name in existing]
+        if doomed:
+            futures = self.admin.delete_topics(
+                doomed, operation_timeout=timeout_s, request_timeout=timeout_s
+            )
+            concurrent.futures.wait(list(futures.values()), timeout=timeout_s * 2)
+
+    def close(self) -> None:
+        """Delete the released topics and those made ahead but never handed out."""
+        self._used.extend(name for names in self._fresh.values() for name in names)
+        self._fresh.clear()
+        if self._producer is not None:
+            self._producer.flush(_TIMEOUT_S)
+            self._producer = None
+        if self._used:
+            # Only while the brokers answer: at exit they may be gone already.
+            with contextlib.suppress(KafkaException):
+                self.admin.list_topics(timeout=_EXIT_PROBE_S)
+                self.delete_released()
+
+    def producer(self) -> Producer:
+        """An idempotent producer shared by the contexts of this cluster."""
+        if self._producer is None:
+            self._producer = Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "enable.idempotence": True,
+                    "linger.ms": 1,
+                    "logger": LIBRDKAFKA_LOGGER,
+                }
+            )
+            # Connected before the first append: an idempotent producer without a broker
+            # connection asks for its producer id only after 500 ms.
+            self._producer.list_topics(timeout=_TIMEOUT_S)
+        return self._producer
+
+
+_pools: dict[str, _Topics] = {}
+
+
+def topics(bootstrap: str) -> _Topics:
+    """The topics of the contexts on ``bootstrap``; those left are deleted at exit."""
+    pool = _pools.get(bootstrap)
+    if pool is None:
+        pool = _pools[bootstrap] = _Topics(bootstrap)
+        atexit.register(pool.close)  # runs before the broker (registered earlier) stops
+    return pool
+
+
+def release_topics() -> None:
+    """Delete every topic the contexts of this process made; call before the brokers stop."""
+    while _pools:
+        _, pool = _pools.popitem()
+        atexit.unregister(pool.close)
+        pool.close()
+
+
+class _CommittedReader:
+    """Reads a topic as a ``read_committed`` consumer would, picking up where it left off."""
+
+    def __init__(self, pool: _Topics, topic: str, partitions: int) -> None:
+        self._pool = pool
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": pool.bootstrap,
+                "group.id": f"laminar-conformance-{uuid.uuid4().hex}",
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+                "logger": LIBRDKAFKA_LOGGER,
+            }
+        )
+        self._keys: list[PartitionKey] = [(topic, p) for p in range(partitions)]
+        know_leaders(pool.settings, self._consumer, {topic})
+        self._consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in self._keys])
+        self._positions = dict.fromkeys(self._keys, 0)
+        self._values: list[bytes | None] = []
+
+    def values(self) -> list[bytes | None]:
+        """Every committed value so far, partition by partition in the order read.
+
+        Reads until each partition's position reaches its last stable offset as asked now,
+        keeping whatever else the consumer returns (all committed): the consumer lives on
+        from call to call, so a record it returned is never dropped.
+
+        :raises ReadError: when no progress is made within the timeout.
+        """
+        # Asked of the admin client: the consumer's connection is busy with its fetches,
+        # which the broker answers first (up to fetch.wait.max.ms each).
+        ends = latest_offsets(
+            self._pool.settings,
+            self._pool.admin,
+            self._keys,
+            IsolationLevel.READ_COMMITTED,
+            ReadError,
+        )
+        idle_since = time.monotonic()
+        while any(self._positions[key] < end for key, end in ends.items()):
+            for message in consume_ready(self._consumer, 10_000, _VISIBLE_POLL_S):
+                key = (message.topic() or "", message.partition() or 0)
+                offset = message.offset() or 0
+                error = message.error()
+                if key not in self._positions:
+                    continue
+                if error is None:
+                    self._values.append(message.value())
+                    offset += 1
+                elif error.code() != KafkaError._PARTITION_EOF:
+                    raise_for_consumer_error(self._pool.settings, error, key)
+                    continue
+                self._positions[key] = max(self._positions[key], offset)
+                idle_since = time.monotonic()
+            if time.monotonic() - idle_since > _TIMEOUT_S:
+                behind = {
+                    k: (self._positions[k], e) for k, e in ends.items() if self._positions[k] < e
+                }
+                raise ReadError(
+                    f"{_CONTEXT}: read_committed reading stopped short of the last stable "
+                    f"offsets for {_TIMEOUT_S:g}s ((position, end) by partition): {behind}"
+                )
+        return list(self._values)
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class KafkaSinkContext:
+    """The ``kafka`` sink (exactly-once) writing to a fresh two-partition topic.
+
+    :param workdir: where the sink stages pre-committed epochs.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self._topics = topics(shared_bootstrap_servers())
+        self._topic = self._topics.take(_SINK_PARTITIONS)
+        self._staging = workdir / "staging"
+        self._reader = _CommittedReader(self._topics, self._topic, _SINK_PARTITIONS)
+
+    def config(self) -> ConnectorConfig:
+        """The sink writing this context's topic, staging in the work directory."""
+        return ConnectorConfig(
+            "kafka",
+            {
+                "bootstrap.servers": self._topics.bootstrap,
+                "topic": self._topic,
+                "staging.dir": str(self._staging),
+                "kafka.linger.ms": "1",
+            },
+        )
+
+    def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
+        """Key and value: each id as decimal text."""
+        text = pa.array([str(record).encode() for record in ids], pa.binary())
+        return pa.RecordBatch.from_arrays([text, text], schema=SINK_SCHEMA)
+
+    def committed_ids(self) -> list[int]:
+        """The ids a ``read_committed`` consumer of the topic sees."""
+        return [int(value or b"-1") for value in self._reader.values()]
+
+    def close(self) -> None:
+        """Stop reading; the topic and the sink's epochs topic are deleted (in a batch)."""
+        self._reader.close()
+        with contextlib.suppress(KafkaException):
+            self._topics.release(self._topic, f"{self._topic}.laminar-epochs")
+
+
+class KafkaSourceContext:
+    """The ``kafka`` source reading a fresh three-partition topic."""
+
+    partitions = 3
+    poll_timeout_s = 10.0
+    """How long the kit waits for records it appended to be returned."""
+    live_appends = True
+    """Records appended while a source runs reach it (Kafka is a stream)."""
+
+    def __init__(self) -> None:
+        self._topics = topics(shared_bootstrap_servers())
+        self._topic = self._topics.take(self.partitions)
+        self._producer = self._topics.producer()
+
+    def config(self) -> ConnectorConfig:
+        """The source reading this context's topic from its start."""
+        return ConnectorConfig(
+            "kafka",
+            {
+                "bootstrap.servers": self._topics.bootstrap,
+                "topic": self._topic,
+                "kafka.fetch.wait.max.ms": "10",
+            },
+        )
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        """Produce one record per id to ``partition``, and wait until all are acknowledged.
+
+        :raises RuntimeError: when the broker does not acknowledge them in time.
+        """
+        for record in ids:
+            text = str(record).encode()
+            self._producer.produce(self._topic, text, text, partition or 0)
+        if self._producer.flush(_TIMEOUT_S):
+            raise RuntimeError(f"{_CONTEXT}: records to {self._topic} not acknowledged")
+
+    def ids(self, records: pa.RecordBatch) -> list[int]:
+        """The ``value`` column, as integers."""
+        return [int(value) for value in records.column("value").to_pylist()]
+
+    def close(self) -> None:
+        """The topic is deleted (in a batch)."""
+        with contextlib.suppress(KafkaException):
+            self._topics.release(self._topic)

@@ -1,0 +1,867 @@
+"""The ``kafka`` sink: epochs written to a topic exactly once (transactions) or at least once.
+
+Exactly-once, and why ``pre_commit`` stages the epoch on disk
+-------------------------------------------------------------
+Each epoch is one Kafka transaction: ``begin_transaction`` at ``begin_epoch``, records produced
+by ``write_batch``, an *epoch marker* (key: the transactional id, value: the epoch) produced to
+the compacted topic ``epochs.topic`` in the same transaction, ``flush`` at ``pre_commit`` and
+``commit_transaction`` at ``commit_epoch``. A reader with ``isolation.level=read_committed``
+sees an epoch's records all at once, or not at all; the marker, committed atomically with
+them, tells a restarted sink which epochs it committed, so a re-delivered one is skipped.
+
+The runtime's commit decision (its manifest) is taken *between* ``pre_commit`` and
+``commit_epoch``. If the process dies there, the new instance must commit the epoch — but a
+Kafka transaction cannot be resumed by another producer: ``init_transactions`` with the same
+transactional id fences the dead producer and *aborts* its open transaction (resuming a
+prepared transaction needs KIP-939, which neither the brokers' stable releases nor
+librdkafka offer; Flink's KafkaSink resumes one by setting the producer id and epoch through
+reflection on the Java client). So ``pre_commit`` also writes the epoch's batches, as an Arrow
+IPC stream, durably to ``staging.dir``; ``commit_epoch`` on an instance that did not write the
+epoch produces them again in a new transaction, with the marker, and commits that. The file is
+removed once the epoch is committed or rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import pyarrow as pa
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from laminar_sdk import (
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectorConfig,
+    ConnectorError,
+    ConnectorMetrics,
+    HealthStatus,
+    InvalidState,
+    LaminarError,
+    SinkConnector,
+    SinkConnectorCapabilities,
+    Timeout,
+    TransactionError,
+    WriteError,
+    WriteResult,
+)
+from laminar_sdk._durable import fsync_path, make_dirs, write_file_atomically
+from laminar_sdk.reference._lifecycle import Lifecycle
+
+from laminar_plugin_kafka._client import (
+    client_config,
+    client_error,
+    describe,
+    fatal_errors_unwrapped,
+    is_unreachable,
+    kafka_error,
+    know_leaders,
+    latest_offsets,
+    new_admin,
+    new_consumer,
+    new_producer,
+    read_until,
+    unreachable,
+)
+from laminar_plugin_kafka._config import SINK_KEYS, SINK_NAME, SinkSettings, sink_settings
+from laminar_plugin_kafka._records import OutgoingRecords, outgoing_records
+
+logger = logging.getLogger("laminar_plugin_kafka")
+
+_PRODUCER_DEFAULTS = {"linger.ms": 5}
+_STAGED = re.compile(r"epoch-(\d+)\.arrow")
+_QUEUE_FULL_WAIT_S = 0.05
+_STABLE_WAIT_S = 0.1
+_VISIBLE_WAIT_S = 0.005
+# init_transactions: how long one producer waits for an answer before a fresh one asks again,
+# and how many fresh ones at most, while an older instance's transaction is being aborted.
+_INIT_WAIT_S = 0.05
+_INIT_REPLACEMENTS = 10
+_INIT_AGAIN = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError.CONCURRENT_TRANSACTIONS,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    }
+)
+# The marker topic keeps one record per sink (compaction) and a short uncompacted tail.
+_EPOCHS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+
+
+class _RetriableTransactionError(TransactionError):
+    """A transaction call failed in a way that calling it again may fix."""
+
+    transient = True
+
+
+class _Phase(enum.Enum):
+    WRITING = "writing"
+    PRE_COMMITTED = "pre-committed"
+    SKIPPING = "skipping an epoch committed before"
+
+
+@dataclass(slots=True)
+class _OpenEpoch:
+    number: int
+    phase: _Phase
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    in_transaction: bool = False
+
+
+@dataclass(slots=True)
+class _Deliveries:
+    """What the brokers reported about the records produced since :meth:`clear`.
+
+    Filled by the producer's delivery callback, on the thread that flushes.
+    """
+
+    failures: list[KafkaError] = field(default_factory=list)
+    last_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def report(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery callback: note a failure, or how far a partition was written."""
+        if error is not None:
+            self.failures.append(error)
+            return
+        key = (message.topic() or "", message.partition() or 0)
+        self.last_offsets[key] = max(self.last_offsets.get(key, -1), message.offset() or 0)
+
+    def clear(self) -> None:
+        """Forget everything reported so far."""
+        self.failures.clear()
+        self.last_offsets.clear()
+
+
+@dataclass(slots=True)
+class _Writer:
+    """What an open sink holds."""
+
+    settings: SinkSettings
+    producer: Producer
+    deliveries: _Deliveries
+    admin: AdminClient | None = None
+    last_committed: int = -1
+    epoch: _OpenEpoch | None = None
+
+    @property
+    def staging(self) -> Path | None:
+        """Where this sink's pre-committed epochs are kept (exactly-once)."""
+        directory = self.settings.staging_dir
+        return None if directory is None else directory / self.settings.transactional_id
+
+    def staged_path(self, epoch: int) -> Path:
+        assert self.staging is not None, "exactly-once sinks have a staging directory"
+        return self.staging / f"epoch-{epoch}.arrow"
+
+
+class KafkaSink(SinkConnector):
+    """Writes batches to a Kafka topic, each epoch in one transaction, exactly once.
+
+    Each row becomes one record: its value from ``value.column`` (binary or string), or the
+    whole row as a JSON object with ``value.format=json``; its key from ``key.column``; its
+    partition from ``partition.column`` (else librdkafka's partitioner, by key).
+
+    ``delivery=exactly-once`` (the default) uses a transactional producer whose
+    transactional id is ``laminar-TOPIC-SINK.ID``: opening a new instance fences an older one
+    still running with the same id (a zombie), and aborts its open transaction. Each epoch is
+    one transaction, committed with an epoch marker in ``epochs.topic``; a pre-committed
+    epoch is also staged in ``staging.dir`` so that a new instance can commit it after a
+    crash (see the module documentation for why). Readers must use
+    ``isolation.level=read_committed``.
+
+    ``delivery=at-least-once`` uses an idempotent producer and flushes at ``pre_commit``: an
+    epoch replayed after a crash is written again.
+    """
+
+    CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = SINK_KEYS
+    DESCRIPTION: ClassVar[str] = (
+        "Writes to a Kafka topic, exactly once (a transaction per epoch) or at least once"
+    )
+
+    def __init__(self) -> None:
+        self._lifecycle: Lifecycle[_Writer] = Lifecycle(SINK_NAME)
+        self._exactly_once = True  # the default delivery, until open() reads the config
+        self._records_total = 0
+        self._bytes_total = 0
+        self._errors_total = 0
+        self._epochs_committed = 0
+        self._epochs_skipped = 0
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def open(self, config: ConnectorConfig) -> None:
+        """Connect; with exactly-once, fence older instances and learn the committed epochs.
+
+        :raises ConfigurationError: for bad configuration or a topic that does not exist.
+        :raises ConnectionFailed: when the brokers do not answer within ``timeout.ms``.
+        :raises TransactionError: when the transactional producer cannot be initialised.
+        """
+        settings = sink_settings(config)
+        deliveries = _Deliveries()
+        producer = new_producer(settings.client, _producer_config(settings, deliveries))
+        writer = _Writer(settings, producer, deliveries)
+        try:
+            await asyncio.to_thread(self._prepare, writer)
+        except BaseException:
+            writer.producer.purge()  # _prepare may have replaced the producer
+            raise
+        self._exactly_once = settings.exactly_once
+        self._lifecycle.open(writer)
+
+    def _prepare(self, writer: _Writer) -> None:
+        """Check the topics; with exactly-once, fence, and read the last committed epoch."""
+        settings = writer.settings
+        try:
+            metadata: ClusterMetadata = writer.producer.list_topics(
+                timeout=settings.client.timeout_s
+            )
+        except KafkaException as error:
+            raise client_error(
+                settings.client, "read the cluster's metadata", error, WriteError
+            ) from error
+        topic = metadata.topics.get(settings.topic)
+        problem = None if topic is None else topic.error
+        if topic is None or problem is not None:
+            reason = "it does not exist" if problem is None else describe(settings.client, problem)
+            raise ConfigurationError(
+                f"{SINK_NAME}: cannot write to topic {settings.topic!r} at bootstrap.servers="
+                f"{settings.client.bootstrap_servers}: {reason}; create it or fix the name",
+                key="topic",
+            )
+        if not settings.exactly_once:
+            return
+        admin = writer.admin = new_admin(settings.client)
+        partitions = _epochs_partitions(settings, admin, metadata)
+        _init_transactions(writer)
+        writer.last_committed = _last_committed_epoch(settings, admin, partitions)
+        _discard_committed_staging(writer)
+
+    async def close(self) -> None:
+        """Abandon an open epoch (its transaction is aborted) and release the producer."""
+        writer = self._lifecycle.state
+        self._lifecycle.close()
+        if writer is None:
+            return
+        epoch, writer.epoch = writer.epoch, None
+        if epoch is not None and epoch.in_transaction:
+            with contextlib.suppress(ConnectorError):  # _abort logs what it cannot do
+                await asyncio.to_thread(_abort, writer, epoch.number)
+        await asyncio.to_thread(writer.producer.purge)
+
+    # The epoch protocol ---------------------------------------------------------------------
+
+    def schema(self) -> pa.Schema:
+        """The configured schema (``schema`` key)."""
+        return self._lifecycle.require("schema").settings.schema
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """Begin the epoch's transaction, or skip the epoch if it was committed before.
+
+        :raises InvalidState: when another epoch is still open.
+        """
+        writer = self._lifecycle.require("begin_epoch")
+        if writer.epoch is not None:
+            raise InvalidState(
+                f"epoch {writer.epoch.number} committed or rolled back before begin_epoch()",
+                f"begin_epoch({epoch}) with epoch {writer.epoch.number} {writer.epoch.phase.value}",
+            )
+        if not writer.settings.exactly_once:
+            writer.epoch = _OpenEpoch(epoch, _Phase.WRITING)
+            return
+        if epoch <= writer.last_committed:
+            logger.info(
+                "%s: epoch %d was committed before (last committed: %d); skipping its re-delivery",
+                SINK_NAME,
+                epoch,
+                writer.last_committed,
+            )
+            writer.epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+            return
+        writer.deliveries.clear()
+        try:
+            await asyncio.to_thread(writer.producer.begin_transaction)
+        except KafkaException as error:
+            raise _transaction_error(writer.settings, f"begin epoch {epoch}", error) from error
+        writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True)
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """Produce one record per row, in the epoch's transaction.
+
+        :raises SchemaMismatch: when ``batch`` is not in the configured schema.
+        :raises InvalidState: outside an epoch being written.
+        :raises WriteError: when the client refuses a record.
+        """
+        writer = self._lifecycle.require("write_batch")
+        records = outgoing_records(SINK_NAME, batch, writer.settings)
+        epoch = writer.epoch
+        if epoch is None or epoch.phase is _Phase.PRE_COMMITTED:
+            raise InvalidState("begin_epoch() before write_batch()", "no epoch being written")
+        if epoch.phase is _Phase.SKIPPING:
+            return WriteResult(batch.num_rows, 0)
+        await asyncio.to_thread(_produce, writer, records)
+        if writer.settings.exactly_once:
+            epoch.batches.append(batch)
+        self._records_total += batch.num_rows
+        self._bytes_total += records.size
+        return WriteResult(batch.num_rows, records.size)
+
+    async def pre_commit(self, epoch: int) -> None:
+        """Flush the epoch and stage it durably; nothing becomes visible.
+
+        With exactly-once the epoch marker is produced in the transaction, every record is
+        acknowledged, and the batches are written to ``staging.dir`` (fsynced). With
+        at-least-once the records are flushed (and so visible).
+
+        :raises WriteError: when records are not acknowledged within ``flush.timeout.ms``, or
+            the brokers refused some.
+        """
+        writer = self._lifecycle.require("pre_commit")
+        current = _require_epoch(writer, epoch, "pre_commit")
+        if current.phase is _Phase.SKIPPING:
+            return
+        if current.phase is _Phase.PRE_COMMITTED:
+            raise InvalidState(f"epoch {epoch} being written", f"epoch {epoch} pre-committed")
+        if writer.settings.exactly_once:
+            await asyncio.to_thread(_produce_marker, writer, epoch)
+        await asyncio.to_thread(_flush, writer)
+        if writer.settings.exactly_once:
+            await asyncio.to_thread(_stage, writer, epoch, current.batches)
+            current.batches = []
+        current.phase = _Phase.PRE_COMMITTED
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """Commit the epoch's transaction; on a new instance, commit the staged copy.
+
+        Does nothing for an epoch committed before (its marker is in ``epochs.topic``).
+
+        :raises TransactionError: when the commit fails (transient when retrying may help);
+            or, for an epoch pre-committed by an instance that crashed, when its staged copy
+            is missing.
+        :raises InvalidState: when the epoch was not pre-committed.
+        """
+        writer = self._lifecycle.require("commit_epoch")
+        if not writer.settings.exactly_once:
+            current = writer.epoch
+            if current is not None and current.number == epoch:
+                writer.epoch = None
+                self._epochs_committed += 1
+            return
+        current = writer.epoch
+        if epoch <= writer.last_committed:
+            if current is not None and current.number == epoch:
+                writer.epoch = None
+                self._epochs_skipped += current.phase is _Phase.SKIPPING
+            await asyncio.to_thread(_discard_staged, writer, epoch)
+            return
+        if current is not None and current.number != epoch:
+            raise InvalidState(f"commit_epoch({current.number})", f"commit_epoch({epoch})")
+        if current is not None and current.phase is not _Phase.PRE_COMMITTED:
+            raise InvalidState(f"pre_commit({epoch}) before commit_epoch()", current.phase.value)
+        if current is None or not current.in_transaction:
+            # Pre-committed by an instance that stopped (its transaction was aborted when this
+            # one opened), or aborted here: produce the staged copy in a new transaction.
+            await asyncio.to_thread(_produce_staged, writer, epoch)
+            writer.epoch = _OpenEpoch(epoch, _Phase.PRE_COMMITTED, in_transaction=True)
+        try:
+            committed = await asyncio.to_thread(_commit_transaction, writer, epoch)
+        except TransactionError:
+            self._errors_total += 1
+            raise
+        writer.epoch = None
+        if not committed:
+            self._errors_total += 1
+            raise _RetriableTransactionError(
+                f"{SINK_NAME}: the brokers aborted epoch {epoch}'s transaction at commit; "
+                "committing again produces its staged copy in a new transaction"
+            )
+        writer.last_committed = epoch
+        self._epochs_committed += 1
+        await asyncio.to_thread(_discard_staged, writer, epoch)
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """Abort the epoch's transaction and discard its staged copy; idempotent.
+
+        A committed epoch is never touched. With at-least-once, records already flushed stay.
+        """
+        writer = self._lifecycle.require("rollback_epoch")
+        current = writer.epoch
+        if current is not None and current.number == epoch:
+            if current.in_transaction:
+                await asyncio.to_thread(_abort, writer, epoch)
+            writer.epoch = None
+        if writer.settings.exactly_once and epoch > writer.last_committed:
+            await asyncio.to_thread(_discard_staged, writer, epoch)
+
+    async def flush(self) -> None:
+        """Wait until every record produced so far is acknowledged (see :meth:`pre_commit`)."""
+        writer = self._lifecycle.require("flush")
+        await asyncio.to_thread(_flush, writer)
+
+    # What the sink says about itself --------------------------------------------------------
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """``exactly_once`` and ``two_phase_commit`` with exactly-once delivery, else none.
+
+        Before :meth:`open` (when the runtime checks a pipeline's guarantee) the configured
+        delivery is not known yet: the default's capabilities (exactly-once) are returned.
+        """
+        if not self._exactly_once:
+            return SinkConnectorCapabilities()
+        return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
+
+    async def health_check(self) -> HealthStatus:
+        """Healthy when the brokers answer a metadata request for the topic within the timeout."""
+        writer = self._lifecycle.require("health_check")
+        try:
+            await asyncio.to_thread(
+                writer.producer.list_topics, writer.settings.topic, writer.settings.client.timeout_s
+            )
+        except KafkaException as error:
+            return HealthStatus.unhealthy(describe(writer.settings.client, error))
+        return HealthStatus.healthy()
+
+    def metrics(self) -> ConnectorMetrics:
+        """Records and key/value bytes produced, failures, and epochs committed and skipped."""
+        return ConnectorMetrics(
+            records_total=self._records_total,
+            bytes_total=self._bytes_total,
+            errors_total=self._errors_total,
+            custom={
+                "epochs_committed": float(self._epochs_committed),
+                "epochs_skipped": float(self._epochs_skipped),
+            },
+        )
+
+
+# Blocking helpers, run in worker threads ----------------------------------------------------
+
+
+def _producer_config(settings: SinkSettings, deliveries: _Deliveries) -> dict[str, object]:
+    """The producer's settings; the brokers' delivery reports go to ``deliveries``."""
+    managed: dict[str, object] = {
+        "enable.idempotence": True,
+        "on_delivery": deliveries.report,
+    }
+    if settings.exactly_once:
+        managed["transactional.id"] = settings.transactional_id
+    return client_config(settings.client, _PRODUCER_DEFAULTS, managed)
+
+
+def _init_transactions(writer: _Writer) -> None:
+    """Fence older instances and abort their open transaction; get a producer id.
+
+    When an older instance left a transaction open, the coordinator answers
+    ``CONCURRENT_TRANSACTIONS`` while it aborts that transaction (milliseconds), and
+    librdkafka asks again only after a fixed 500 ms. So a call waits briefly first; if the
+    coordinator was busy aborting, a fresh producer (same transactional id) asks again at
+    once. Either way this instance owns the transactional id afterwards.
+
+    :raises ConnectionFailed: when the brokers do not answer within the timeout.
+    :raises TransactionError: when the coordinator refuses.
+    """
+    settings = writer.settings
+    deadline = time.monotonic() + settings.client.timeout_s
+    replaced = 0
+    while True:
+        remaining = max(0.0, deadline - time.monotonic())
+        brief = replaced < _INIT_REPLACEMENTS
+        try:
+            with fatal_errors_unwrapped():
+                writer.producer.init_transactions(
+                    min(_INIT_WAIT_S, remaining) if brief else remaining
+                )
+        except KafkaException as error:
+            found = kafka_error(error)
+            code = None if found is None or found.fatal() else found.code()
+            if deadline <= time.monotonic() or code not in _INIT_AGAIN:
+                raise _transaction_error(
+                    settings, "initialise the transactional producer", error
+                ) from error
+            if code == KafkaError.CONCURRENT_TRANSACTIONS and brief:
+                # This producer would ask again only in 500 ms: replace it. (Dropping the last
+                # reference destroys the client; it has nothing queued.)
+                replaced += 1
+                writer.producer = new_producer(
+                    settings.client, _producer_config(settings, writer.deliveries)
+                )
+                know_leaders(settings.client, writer.producer, {settings.topic})
+            elif code != KafkaError.CONCURRENT_TRANSACTIONS:
+                replaced = _INIT_REPLACEMENTS  # no answer yet: wait for it, however long
+            continue
+        return
+
+
+def _require_epoch(writer: _Writer, epoch: int, call: str) -> _OpenEpoch:
+    current = writer.epoch
+    if current is None or current.number != epoch:
+        shown = "no epoch" if current is None else f"epoch {current.number}"
+        raise InvalidState(f"begin_epoch({epoch}) before {call}({epoch})", f"{shown} open")
+    return current
+
+
+def _sink_error(settings: SinkSettings, what: str, error: BaseException) -> ConnectorError:
+    """A client error while writing: a transaction error with exactly-once, else a write error."""
+    if settings.exactly_once or is_unreachable(error):
+        return _transaction_error(settings, what, error)
+    return client_error(settings.client, what, error, WriteError)
+
+
+def _transaction_error(settings: SinkSettings, what: str, error: BaseException) -> ConnectorError:
+    if is_unreachable(error):
+        return unreachable(settings.client, what, error)
+    found = kafka_error(error)
+    text = f"{SINK_NAME}: cannot {what}: {describe(settings.client, error)}"
+    if found is not None and found.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return TransactionError(
+            f"{text}. Another instance opened with transactional.id "
+            f"{settings.transactional_id!r} and fenced this one; it now owns the sink"
+        )
+    if found is not None and found.retriable() and not found.fatal():
+        return _RetriableTransactionError(text)
+    return TransactionError(text)
+
+
+def _produce(writer: _Writer, records: OutgoingRecords) -> None:
+    """Produce ``records`` to the topic, waiting for room when the client's queue is full."""
+    producer = writer.producer
+    produce = producer.produce
+    topic = writer.settings.topic
+    keys = records.keys
+    partitions = records.partitions
+    try:
+        for index, value in enumerate(records.values):
+            key = None if keys is None else keys[index]
+            partition = -1 if partitions is None else partitions[index]
+            while True:
+                try:
+                    produce(topic, value, key, partition)
+                    break
+                except BufferError:
+                    with fatal_errors_unwrapped():
+                        producer.poll(_QUEUE_FULL_WAIT_S)
+    except KafkaException as error:
+        raise _sink_error(writer.settings, f"produce to {topic!r}", error) from error
+
+
+def _produce_marker(writer: _Writer, epoch: int) -> None:
+    settings = writer.settings
+    value = json.dumps({"epoch": epoch, "topic": settings.topic}).encode()
+    try:
+        while True:
+            try:
+                writer.producer.produce(
+                    settings.epochs_topic, value, settings.transactional_id.encode(), -1
+                )
+                break
+            except BufferError:
+                with fatal_errors_unwrapped():
+                    writer.producer.poll(_QUEUE_FULL_WAIT_S)
+    except KafkaException as error:
+        raise client_error(
+            settings.client, f"record epoch {epoch} in {settings.epochs_topic!r}", error, WriteError
+        ) from error
+
+
+def _flush(writer: _Writer) -> None:
+    settings = writer.settings
+    try:
+        with fatal_errors_unwrapped():
+            remaining = writer.producer.flush(settings.flush_timeout_s)
+    except KafkaException as error:
+        writer.deliveries.clear()
+        raise _sink_error(settings, f"flush the records to {settings.topic!r}", error) from error
+    if remaining:
+        raise WriteError(
+            f"{SINK_NAME}: {remaining} record(s) to {settings.topic!r} were not acknowledged "
+            f"within flush.timeout.ms ({settings.flush_timeout_s:g}s); the brokers may be "
+            f"unreachable at bootstrap.servers={settings.client.bootstrap_servers}"
+        )
+    failures = writer.deliveries.failures
+    if failures:
+        first, count = failures[0], len(failures)
+        failures.clear()
+        raise WriteError(
+            f"{SINK_NAME}: {count} record(s) to {settings.topic!r} failed: "
+            f"{describe(settings.client, first)}"
+        )
+
+
+def _abort(writer: _Writer, epoch: int) -> None:
+    """Abort the open transaction; a fenced or failed producer's transaction is aborted anyway."""
+    settings = writer.settings
+    try:
+        with fatal_errors_unwrapped():
+            writer.producer.abort_transaction(settings.client.timeout_s)
+    except KafkaException as error:
+        if is_unreachable(error):
+            raise unreachable(settings.client, f"abort epoch {epoch}", error) from error
+        logger.warning(
+            "%s: aborting epoch %d failed (%s); the brokers abort it when it times out or a new "
+            "instance opens",
+            SINK_NAME,
+            epoch,
+            describe(settings.client, error),
+        )
+    writer.deliveries.clear()
+
+
+def _stage(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
+    """Write the epoch's batches as one Arrow IPC stream file, complete and durable."""
+    path = writer.staged_path(epoch)
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, writer.settings.schema) as ipc:
+        for batch in batches:
+            ipc.write_batch(batch)
+    try:
+        make_dirs(path.parent)
+        write_file_atomically(path, stream.getvalue().to_pybytes())
+    except OSError as error:
+        raise WriteError(
+            f"{SINK_NAME}: cannot stage epoch {epoch} in {path}: {error}; check staging.dir"
+        ) from error
+
+
+def _discard_staged(writer: _Writer, epoch: int) -> None:
+    if writer.staging is None:
+        return
+    path = writer.staged_path(epoch)
+    if path.exists():
+        path.unlink()
+        fsync_path(path.parent)
+
+
+def _discard_committed_staging(writer: _Writer) -> None:
+    """Remove staged copies of epochs committed before (a crash left them behind)."""
+    staging = writer.staging
+    if staging is None or not staging.is_dir():
+        return
+    for path in staging.iterdir():
+        match = _STAGED.fullmatch(path.name)
+        if match and int(match[1]) <= writer.last_committed:
+            path.unlink()
+    fsync_path(staging)
+
+
+def _produce_staged(writer: _Writer, epoch: int) -> None:
+    """Begin a transaction holding the epoch's staged copy and marker, flushed, not committed.
+
+    :raises TransactionError: when the staged copy is missing (not transient), or producing
+        it failed (transient: the transaction was aborted, and trying again may succeed).
+    """
+    settings = writer.settings
+    path = writer.staged_path(epoch)
+    try:
+        with pa.OSFile(str(path)) as file:
+            batches = pa.ipc.open_stream(file).read_all().to_batches()
+    except FileNotFoundError:
+        raise TransactionError(
+            f"{SINK_NAME}: epoch {epoch} was pre-committed by an instance that stopped, and "
+            f"must be committed, but its staged copy {path} is missing: was staging.dir "
+            "changed or cleaned? The epoch's records cannot be recovered by this sink"
+        ) from None
+    logger.info("%s: committing epoch %d from its staged copy %s", SINK_NAME, epoch, path)
+    writer.deliveries.clear()
+    try:
+        writer.producer.begin_transaction()
+    except KafkaException as error:
+        raise _transaction_error(settings, f"begin epoch {epoch} again", error) from error
+    try:
+        for batch in batches:
+            _produce(writer, outgoing_records(SINK_NAME, batch, settings))
+        _produce_marker(writer, epoch)
+        _flush(writer)
+    except LaminarError as error:
+        _abort(writer, epoch)
+        raise _RetriableTransactionError(
+            f"{SINK_NAME}: cannot produce epoch {epoch} from its staged copy: {error}"
+        ) from error
+
+
+def _commit_transaction(writer: _Writer, epoch: int) -> bool:
+    """Commit the open transaction of ``epoch``; ``False`` when it had to be aborted instead.
+
+    :raises TransactionError: transient when committing may be tried again (the transaction
+        stays open); not transient when the producer was fenced or failed for good — a new
+        instance then learns from ``epochs.topic`` whether the epoch was committed.
+    """
+    settings = writer.settings
+    try:
+        with fatal_errors_unwrapped():
+            writer.producer.commit_transaction(settings.client.timeout_s)
+    except KafkaException as error:
+        found = kafka_error(error)
+        if found is not None and found.txn_requires_abort():
+            _abort(writer, epoch)
+            return False
+        raise _transaction_error(settings, f"commit epoch {epoch}", error) from error
+    _wait_until_visible(writer, epoch)
+    return True
+
+
+def _wait_until_visible(writer: _Writer, epoch: int) -> None:
+    """Wait until ``read_committed`` readers see the epoch (bounded by the timeout).
+
+    ``commit_transaction`` returns once the commit is decided; the brokers then write the
+    commit markers into each partition, and until they have, readers do not see the records.
+    Waiting here makes a committed epoch visible as soon as ``commit_epoch`` returns.
+    """
+    written, settings = dict(writer.deliveries.last_offsets), writer.settings
+    writer.deliveries.clear()
+    if not written or writer.admin is None:
+        return
+    deadline = time.monotonic() + settings.client.timeout_s
+    try:
+        while True:
+            stable = latest_offsets(
+                settings.client,
+                writer.admin,
+                sorted(written),
+                IsolationLevel.READ_COMMITTED,
+                WriteError,
+            )
+            if all(stable[key] > last for key, last in written.items()):
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(_VISIBLE_WAIT_S)
+    except LaminarError as error:
+        logger.warning(
+            "%s: epoch %d is committed, but checking that readers see it failed: %s",
+            SINK_NAME,
+            epoch,
+            error,
+        )
+        return
+    logger.warning(
+        "%s: epoch %d is committed, but read_committed readers did not see it within %gs (an "
+        "older open transaction on the same partitions holds it back)",
+        SINK_NAME,
+        epoch,
+        settings.client.timeout_s,
+    )
+
+
+def _epochs_partitions(
+    settings: SinkSettings, admin: AdminClient, metadata: ClusterMetadata
+) -> list[int]:
+    """The partitions of ``epochs.topic``, created (compacted) when missing and allowed."""
+    found = metadata.topics.get(settings.epochs_topic)
+    if found is not None and found.error is None:
+        return sorted(found.partitions)
+    if not settings.create_epochs_topic:
+        raise ConfigurationError(
+            f"{SINK_NAME}: epochs.topic {settings.epochs_topic!r} does not exist; create it "
+            "(one partition, cleanup.policy=compact) or set epochs.topic.create=true",
+            key="epochs.topic",
+        )
+    new = NewTopic(settings.epochs_topic, num_partitions=1, config=dict(_EPOCHS_TOPIC_CONFIG))
+    future = admin.create_topics([new], request_timeout=settings.client.timeout_s)[
+        settings.epochs_topic
+    ]
+    try:
+        future.result(timeout=settings.client.timeout_s)
+    except KafkaException as error:
+        found_error = kafka_error(error)
+        if found_error is None or found_error.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise client_error(
+                settings.client, f"create epochs.topic {settings.epochs_topic!r}", error, WriteError
+            ) from error
+    # A new topic's partitions take a moment to get a leader; until then nothing can be read.
+    deadline = time.monotonic() + settings.client.timeout_s
+    while True:
+        topic = admin.list_topics(settings.epochs_topic, timeout=settings.client.timeout_s)
+        created = topic.topics.get(settings.epochs_topic)
+        partitions = {} if created is None or created.error is not None else created.partitions
+        if partitions and all(partition.leader >= 0 for partition in partitions.values()):
+            return sorted(partitions)
+        if time.monotonic() > deadline:
+            raise WriteError(
+                f"{SINK_NAME}: epochs.topic {settings.epochs_topic!r} was created, but has no "
+                f"leader after {settings.client.timeout_s:g}s"
+            )
+        time.sleep(_STABLE_WAIT_S)
+
+
+def _latest_offsets(
+    settings: SinkSettings, admin: AdminClient, partitions: list[int], level: IsolationLevel
+) -> dict[int, int]:
+    keys = [(settings.epochs_topic, p) for p in partitions]
+    found = latest_offsets(settings.client, admin, keys, level, WriteError)
+    return {partition: offset for (_, partition), offset in found.items()}
+
+
+def _last_committed_epoch(settings: SinkSettings, admin: AdminClient, partitions: list[int]) -> int:
+    """The newest epoch this sink committed, from its markers (``-1`` when none).
+
+    Read committed, up to the high watermark taken now, after waiting until no transaction
+    begun earlier is still open there: a committed marker behind another producer's open
+    transaction is not visible yet, and missing it would commit that epoch twice.
+    """
+    ends = _latest_offsets(settings, admin, partitions, IsolationLevel.READ_UNCOMMITTED)
+    if not any(ends.values()):
+        return -1  # nothing was ever written there: no sink committed an epoch yet
+    deadline = time.monotonic() + settings.client.timeout_s
+    while True:
+        stable = _latest_offsets(settings, admin, partitions, IsolationLevel.READ_COMMITTED)
+        if all(stable[p] >= ends[p] for p in partitions):
+            break
+        if time.monotonic() > deadline:
+            raise Timeout(
+                f"{SINK_NAME}: a transaction on epochs.topic {settings.epochs_topic!r} stayed "
+                f"open for over {settings.client.timeout_s:g}s, so the epochs this sink "
+                "committed cannot be read yet; retry, or give each sink its own epochs.topic",
+                timeout_s=settings.client.timeout_s,
+            )
+        time.sleep(_STABLE_WAIT_S)
+    consumer = new_consumer(
+        settings.client,
+        client_config(
+            settings.client,
+            {"fetch.wait.max.ms": 10},
+            {
+                "group.id": f"laminar-epochs-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            },
+        ),
+    )
+    key = settings.transactional_id.encode()
+    last = -1
+    try:
+        know_leaders(settings.client, consumer, {settings.epochs_topic})
+        consumer.assign(
+            [TopicPartition(settings.epochs_topic, p, OFFSET_BEGINNING) for p in partitions]
+        )
+        starts = {(settings.epochs_topic, p): 0 for p in partitions}
+        targets = {(settings.epochs_topic, p): ends[p] for p in partitions}
+        for chunk in read_until(settings.client, consumer, starts, targets, batch_size=10_000):
+            for message in chunk:
+                if message.key() == key:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        last = max(last, int(json.loads(message.value() or b"")["epoch"]))
+    finally:
+        consumer.close()
+    return last

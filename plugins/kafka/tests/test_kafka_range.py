@@ -1,0 +1,187 @@
+"""Range reads of the ``kafka`` source (plan_end, read_range) against polling, on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from kafka_testing import CLIENT_LOGGER
+from laminar_sdk import PartitionRange, ReadError, SourceCheckpoint
+from test_kafka_source import config, fill_with_transactions, open_source
+
+
+async def read(source, partition: str, start: str | None, end: str) -> list[int]:
+    ranges = source.as_range_readable()
+    ids = []
+    async for batch in ranges.read_range(PartitionRange(partition, start, end)):
+        assert batch.schema.equals(source.schema())
+        ids += [int(v) for v in batch.column("value").to_pylist()]
+    return ids
+
+
+async def read_between(source, start: SourceCheckpoint, end: SourceCheckpoint) -> dict:
+    return {
+        partition: await read(source, partition, start.offsets.get(partition), offset)
+        for partition, offset in sorted(end.offsets.items())
+        if start.offsets.get(partition) != offset
+    }
+
+
+async def poll_all(source):
+    """Poll to the end: ids by partition in order, and (checkpoint, ids-so-far) after each."""
+    by_partition: dict[str, list[int]] = {}
+    taken = [(source.checkpoint(), {})]
+    while (batch := await source.poll_batch(2)) is not None:
+        ids = [int(v) for v in batch.records.column("value").to_pylist()]
+        by_partition.setdefault(batch.partition.id, []).extend(ids)
+        taken.append((source.checkpoint(), {p: len(i) for p, i in by_partition.items()}))
+    return by_partition, taken
+
+
+def test_range_reads_equal_polled_records_on_a_transactional_topic(kafka, registry):
+    partitions = 3
+    topic = kafka.topic(partitions)
+    fill_with_transactions(kafka, topic, partitions)
+    properties = config(kafka, topic)
+
+    async def scenario():
+        source = await open_source(registry, properties)
+        polled, taken = await poll_all(source)
+        final = source.checkpoint()
+        await source.close()
+        reader = await open_source(registry, properties)
+        ranges = reader.as_range_readable()
+        # Planned to the end from the start: exactly where polling ended, the same records.
+        end = await ranges.plan_end(SourceCheckpoint(), None)
+        assert end == final
+        assert await read_between(reader, SourceCheckpoint(), end) == polled
+        assert await ranges.plan_end(end, None) == end, "nothing new: the same offsets"
+        # Between polling checkpoints: what polling returned between them, in order.
+        for (first, before), (second, after) in zip(taken[::2], taken[3::2], strict=False):
+            got = await read_between(reader, first, second)
+            for partition, ids in got.items():
+                start, stop = before.get(partition, 0), after.get(partition, 0)
+                assert ids == polled[partition][start:stop], (first, second)
+        # Micro-batches of at most 4 records, chained: all records once, in order, each <= 4.
+        cursor, chained = SourceCheckpoint(), {}
+        while (following := await ranges.plan_end(cursor, 4)) != cursor:
+            got = await read_between(reader, cursor, following)
+            assert sum(map(len, got.values())) <= 4
+            for partition, ids in got.items():
+                chained.setdefault(partition, []).extend(ids)
+            cursor = following
+        assert cursor == final
+        assert chained == polled
+        await reader.close()
+
+    asyncio.run(scenario())
+
+
+def test_plan_end_splits_max_records_fairly_across_partitions(kafka, registry):
+    topic = kafka.topic(3)
+    kafka.produce(topic, [b"%d" % i for i in range(10)], partition=0)
+    kafka.produce(topic, [b"%d" % i for i in range(10, 12)], partition=1)
+
+    async def scenario():
+        source = await open_source(registry, config(kafka, topic))
+        end = await source.as_range_readable().plan_end(SourceCheckpoint(), 6)
+        await source.close()
+        return end
+
+    end = asyncio.run(scenario())
+    # Equal shares of 3; partition 1 has only 2, its unused share goes to partition 0.
+    assert end.offsets == {f"{topic}/0": "4", f"{topic}/1": "2"}
+
+
+def test_plan_end_stops_before_an_open_transaction(kafka, registry):
+    topic = kafka.topic()
+    kafka.produce(topic, [b"1", b"2"])
+    producer = kafka.transactional_producer()
+    producer.begin_transaction()
+    producer.produce(topic, b"3", None, 0)
+    producer.flush(30)
+
+    async def scenario():
+        source = await open_source(registry, config(kafka, topic))
+        ranges = source.as_range_readable()
+        before = await ranges.plan_end(SourceCheckpoint(), None)
+        await asyncio.to_thread(producer.commit_transaction, 30)
+        after = await ranges.plan_end(before, None)
+        ids = await read_between(source, before, after)
+        await source.close()
+        return before, after, ids
+
+    before, after, ids = asyncio.run(scenario())
+    assert before.offsets == {f"{topic}/0": "2"}, "the open transaction's record is not named"
+    assert after.offsets == {f"{topic}/0": "4"}, "committed: its record and marker follow"
+    assert ids == {f"{topic}/0": [3]}
+
+
+READ_IN_A_CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from laminar_sdk import PartitionRange, load_connector_registry
+
+    async def main(properties, partition, start, end):
+        source, _ = await load_connector_registry().open_source("kafka", properties)
+        ids = []
+        async for batch in source.as_range_readable().read_range(
+            PartitionRange(partition, start, end)
+        ):
+            ids += [int(v) for v in batch.column("value").to_pylist()]
+        await source.close()
+        print(json.dumps(ids))
+
+    asyncio.run(main(*json.loads(sys.argv[1])))
+    """
+)
+
+
+def test_a_range_read_in_another_process_returns_the_same_records(kafka, registry):
+    topic = kafka.topic()
+    fill_with_transactions(kafka, topic, 1)
+    properties = config(kafka, topic)
+
+    async def scenario():
+        source = await open_source(registry, properties)
+        end = await source.as_range_readable().plan_end(SourceCheckpoint({f"{topic}/0": "3"}), 5)
+        here = await read(source, f"{topic}/0", "3", end.offsets[f"{topic}/0"])
+        await source.close()
+        return end, here
+
+    end, here = asyncio.run(scenario())
+    arguments = [properties, f"{topic}/0", "3", end.offsets[f"{topic}/0"]]
+    child = subprocess.run(
+        [sys.executable, "-c", READ_IN_A_CHILD, json.dumps(arguments)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(child.stdout.strip().splitlines()[-1]) == here
+    assert here, "the range holds records"
+
+
+def test_a_range_whose_records_were_deleted_is_a_read_error(kafka, registry):
+    topic = kafka.topic()
+    kafka.produce(topic, [b"%d" % i for i in range(6)])
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap, "logger": CLIENT_LOGGER})
+
+    async def scenario():
+        source = await open_source(registry, config(kafka, topic))
+        end = await source.as_range_readable().plan_end(SourceCheckpoint({f"{topic}/0": "1"}), None)
+        for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+            future.result(timeout=30)
+        try:
+            with pytest.raises(ReadError, match="are gone"):
+                await read(source, f"{topic}/0", "1", end.offsets[f"{topic}/0"])
+        finally:
+            await source.close()
+
+    asyncio.run(scenario())

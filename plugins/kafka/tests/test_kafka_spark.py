@@ -1,0 +1,109 @@
+"""Kafka on both ends of a Spark pipeline (``laminar run``), its driver killed and restarted.
+
+The pipeline reads a topic with the ``kafka`` source, keeps ``key`` and ``value`` with a SQL
+transform and writes another topic with the exactly-once ``kafka`` sink. It is SIGKILLed
+twice — after an epoch's commit was decided (the sink must publish it from its staged copy in
+a new process), then while the source reads a micro-batch — and run a third time to the end.
+A ``read_committed`` reader of the output topic then sees every id exactly once.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from contextlib import suppress
+from pathlib import Path
+
+import pytest
+from laminar_sdk.spark import CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("pyspark") is None, reason="needs laminar-sdk[spark]"
+    ),
+]
+
+IDS = 600
+PARTITIONS = 2
+RECORDS_PER_EPOCH = 100
+
+PIPELINE = """\
+[source]
+connector = "kafka"
+"bootstrap.servers" = "{bootstrap}"
+topic = "{source_topic}"
+
+[transform]
+sql = "SELECT key, value FROM source"
+
+[sink]
+connector = "kafka"
+"bootstrap.servers" = "{bootstrap}"
+topic = "{sink_topic}"
+"staging.dir" = "{staging}"
+
+[pipeline]
+delivery = "exactly-once"
+checkpoint_location = "{checkpoint}"
+master = "local[2]"
+trigger = "available-now"
+max_records_per_batch = {records_per_epoch}
+"""
+
+
+def run_pipeline(pipeline: Path, log: Path, crash_at: str | None) -> int:
+    """``laminar run PIPELINE`` in a child process group, killed at ``crash_at`` if given."""
+    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    environment.pop(CRASH_AT_VARIABLE, None)
+    environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
+    if crash_at is not None:
+        environment[CRASH_AT_VARIABLE] = crash_at
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "laminar_sdk", "run", str(pipeline)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=pipeline.parent,
+            start_new_session=True,
+        )
+        try:
+            return process.wait(timeout=300)
+        finally:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # workers a killed JVM left behind
+
+
+def test_kafka_to_kafka_killed_twice_delivers_every_id_once(kafka, tmp_path):
+    source_topic, sink_topic = kafka.topic(PARTITIONS), kafka.topic(PARTITIONS)
+    for partition in range(PARTITIONS):
+        ids = range(partition, IDS, PARTITIONS)
+        kafka.produce(source_topic, [str(i).encode() for i in ids], partition=partition)
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        PIPELINE.format(
+            bootstrap=kafka.bootstrap,
+            source_topic=source_topic,
+            sink_topic=sink_topic,
+            staging=tmp_path / "staging",
+            checkpoint=tmp_path / "checkpoint",
+            records_per_epoch=RECORDS_PER_EPOCH,
+        )
+    )
+
+    for run, crash_at in (("commit", "commit:1"), ("source-read", "source-read:3")):
+        log = tmp_path / f"killed-at-{run}.log"
+        status = run_pipeline(pipeline, log, crash_at)
+        assert status != 0, log.read_text(errors="replace")[-3000:]
+        crash_record = log.with_suffix(".crash")
+        assert crash_record.exists(), f"not killed at {crash_at}: {log.read_text()[-3000:]}"
+    finished = tmp_path / "finished.log"
+    assert run_pipeline(pipeline, finished, None) == 0, finished.read_text()[-3000:]
+
+    assert kafka.committed_ids(sink_topic, PARTITIONS) == list(range(IDS))
+    assert not list((tmp_path / "staging").rglob("*.arrow")), "staged copies left behind"
