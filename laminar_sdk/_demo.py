@@ -1,9 +1,11 @@
 """``laminar demo``: the quick-start job — an exactly-once Spark pipeline killed and resumed.
 
-It writes a pipeline file (the ``generator`` source feeding the ``memory`` sink, exactly-once,
-with the embedded ``file`` checkpoint store), runs it with ``laminar run`` in a child process
-that is killed with SIGKILL in the middle of an epoch — after the epoch's commit was decided,
-before it was published — runs it again, and counts every id the sink's readers see.
+It writes a pipeline file (the ``generator`` source feeding the ``files`` sink of
+laminar-plugin-files, Parquet, exactly-once, with the embedded ``file`` checkpoint store),
+runs it with ``laminar run`` in a child process that is killed with SIGKILL in the middle of an
+epoch — after the epoch's commit was decided, before it was published — runs it again, and
+counts every id a reader of the Parquet files sees. Then it runs the conformance kit's
+``quick`` profile on the files plugin's sink and prints the report.
 """
 
 from __future__ import annotations
@@ -14,28 +16,36 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow.dataset as ds
+
+from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._plugins import load_connector_registry
+from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.faults import CRASH_AT_VARIABLE
 from laminar_sdk._terminal import format_table
-from laminar_sdk.reference import MemorySink
 
 ROWS_PER_PARTITION = 50_000
 PARTITIONS = 2
 RECORDS_PER_EPOCH = 20_000
 CRASH_EPOCH = 2
 CRASH_STEP = "commit"
+SINK_CONNECTOR = "files"
+SINK_DISTRIBUTION = "laminar-plugin-files"
 
 PIPELINE = f"""\
-# The quick-start pipeline: generator -> memory sink, exactly-once, on local Spark.
+# The quick-start pipeline: generator -> Parquet files, exactly-once, on local Spark.
 [source]
 connector = "generator"
 rows = {ROWS_PER_PARTITION}
 partitions = {PARTITIONS}
 
 [sink]
-connector = "memory"
+connector = "{SINK_CONNECTOR}"
 path = "sink"
+format = "parquet"
 
 [pipeline]
 delivery = "exactly-once"
@@ -50,12 +60,26 @@ def _say(text: str) -> None:
     print(f"laminar demo: {text}", flush=True)
 
 
-def _run_pipeline(pipeline: Path, *, crash_at: str | None = None, log: Path | None = None) -> int:
+def _require_files_plugin() -> None:
+    try:
+        load_connector_registry().get(SINK_CONNECTOR, ConnectorRole.SINK)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"the demo writes with the {SINK_CONNECTOR!r} sink, which is not installed: "
+            f"pip install {SINK_DISTRIBUTION} (from a checkout: pip install -e plugins/files), "
+            "or run the demo with: python3 -m tox -e demo",
+            key="sink.connector",
+        ) from None
+
+
+def _laminar(
+    arguments: Sequence[str], *, crash_at: str | None = None, log: Path | None = None
+) -> int:
     environment = dict(os.environ)
     environment.pop(CRASH_AT_VARIABLE, None)
     if crash_at is not None:
         environment[CRASH_AT_VARIABLE] = crash_at
-    command = [sys.executable, "-m", "laminar_sdk", "run", str(pipeline)]
+    command = [sys.executable, "-m", "laminar_sdk", *arguments]
     if log is None:
         return subprocess.run(command, env=environment, check=False).returncode
     with log.open("wb") as output:
@@ -64,35 +88,38 @@ def _run_pipeline(pipeline: Path, *, crash_at: str | None = None, log: Path | No
         ).returncode
 
 
-def run_demo(workdir: Path | None = None) -> int:
-    """Run the demo in ``workdir`` (a new temporary directory when ``None``).
+def published_ids(path: Path) -> list[int]:
+    """The ids a reader of the sink's Parquet files sees (``_staging`` is invisible to it)."""
+    if not path.exists():
+        return []
+    dataset = ds.dataset(path, format="parquet")
+    if not dataset.files:
+        return []
+    ids: list[int] = dataset.to_table(columns=["id"]).column("id").to_pylist()
+    return ids
 
-    :returns: 0 when every id arrived exactly once, 1 otherwise.
-    """
-    work = workdir or Path(tempfile.mkdtemp(prefix="laminar-demo-"))
-    if workdir is not None and work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
+
+def _run_pipeline(work: Path, total: int) -> bool:
     pipeline = work / "pipeline.toml"
     pipeline.write_text(PIPELINE)
-    total = ROWS_PER_PARTITION * PARTITIONS
+    sink = work / "sink"
     _say(f"pipeline file {pipeline}: {total} rows in epochs of {RECORDS_PER_EPOCH}")
 
-    _say(f"1/3 running it, to be killed (SIGKILL) in epoch {CRASH_EPOCH} at step {CRASH_STEP!r}")
+    _say(f"1/4 running it, to be killed (SIGKILL) in epoch {CRASH_EPOCH} at step {CRASH_STEP!r}")
     log = work / "killed-run.log"
-    status = _run_pipeline(pipeline, crash_at=f"{CRASH_STEP}:{CRASH_EPOCH}", log=log)
-    visible = len(MemorySink.committed_ids(work / "sink"))
+    status = _laminar(["run", str(pipeline)], crash_at=f"{CRASH_STEP}:{CRASH_EPOCH}", log=log)
+    visible = len(published_ids(sink))
     _say(f"killed (exit status {status}, its output is in {log.name}); {visible} of {total} rows")
-    _say("were visible to readers then")
+    _say(f"were visible to readers of {sink} then")
 
-    _say("2/3 running it again: it resumes from the checkpoint")
-    status = _run_pipeline(pipeline)
+    _say("2/4 running it again: it resumes from the checkpoint")
+    status = _laminar(["run", str(pipeline)])
     if status != 0:
         _say(f"the second run failed with status {status}")
-        return 1
+        return False
 
-    _say("3/3 counting every id a reader of the sink sees")
-    counts = Counter(MemorySink.committed_ids(work / "sink"))
+    _say("3/4 counting every id a reader of the Parquet files sees")
+    counts = Counter(published_ids(sink))
     missing = total - sum(1 for i in range(total) if counts[i])
     duplicated = sum(n - 1 for n in counts.values() if n > 1)
     rows = [
@@ -102,4 +129,47 @@ def run_demo(workdir: Path | None = None) -> int:
     print(format_table(rows), flush=True)
     exactly_once = missing == 0 and duplicated == 0 and len(counts) == total
     _say("exactly once: nothing lost, nothing doubled" if exactly_once else "NOT exactly once")
-    return 0 if exactly_once else 1
+    return exactly_once
+
+
+def _run_conformance(work: Path) -> bool:
+    report = work / "conformance-files-sink.md"
+    _say(f"4/4 the conformance kit's quick profile on the {SINK_CONNECTOR!r} sink")
+    status = _laminar(
+        [
+            "conformance",
+            "run",
+            SINK_CONNECTOR,
+            "--role",
+            "sink",
+            "--profile",
+            "quick",
+            "--report",
+            str(report),
+        ]
+    )
+    if report.exists():
+        print(report.read_text(), flush=True)
+    _say(
+        f"conformance report {report}: "
+        + ("every applicable check passed" if status == 0 else f"FAILED (exit status {status})")
+    )
+    return status == 0
+
+
+def run_demo(workdir: Path | None = None, *, conformance: bool = True) -> int:
+    """Run the demo in ``workdir`` (a new temporary directory when ``None``).
+
+    :param conformance: also run the conformance kit's quick profile on the files sink.
+    :returns: 0 when every id arrived exactly once (and the conformance run passed), else 1.
+    :raises ConfigurationError: when laminar-plugin-files is not installed.
+    """
+    _require_files_plugin()
+    work = workdir or Path(tempfile.mkdtemp(prefix="laminar-demo-"))
+    if workdir is not None and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    passed = _run_pipeline(work, ROWS_PER_PARTITION * PARTITIONS)
+    if passed and conformance:
+        passed = _run_conformance(work)
+    return 0 if passed else 1
