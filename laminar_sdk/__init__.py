@@ -46,8 +46,15 @@ from laminar_sdk._coordinator import (
     RetryPolicy,
     SimulatedCrash,
     StepObserver,
+    stage_task,
 )
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
+from laminar_sdk._durable import (
+    create_file_atomically,
+    fsync_path,
+    make_dirs,
+    write_file_atomically,
+)
 from laminar_sdk._errors import (
     CheckpointError,
     Closed,
@@ -178,6 +185,8 @@ __all__ = [
     "UnsupportedManifestVersion",
     "WriteError",
     "WriteResult",
+    "create_file_atomically",
+    "fsync_path",
     "hookimpl",
     "hookspec",
     "installed_checkpointers",
@@ -185,10 +194,13 @@ __all__ = [
     "load_connector_registry",
     "load_latest_valid",
     "load_plugins",
+    "make_dirs",
     "open_checkpointer",
     "parse_bool",
     "prune_checkpoints",
+    "stage_task",
     "store_for_location",
     "validate_delivery_guarantee",
     "verify_checkpoint",
+    "write_file_atomically",
 ]

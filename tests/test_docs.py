@@ -39,6 +39,24 @@ def test_public_api_is_sorted_and_importable():
         assert hasattr(laminar_sdk, name), name
 
 
+def test_the_kit_and_first_party_plugins_use_only_public_names():
+    # They are written as a third-party author would write them: what they need from the SDK
+    # is public API, so a plugin author can copy from them.
+    private = re.compile(r"\blaminar_sdk\._")
+    sources = [
+        *(ROOT / "conformance" / "laminar_conformance").rglob("*.py"),
+        *(ROOT / "plugins").glob("*/laminar_plugin_*/**/*.py"),
+    ]
+    assert len(sources) > 20, "the kit's and plugins' sources were not found"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
+    assert offenders == [], "import these from laminar_sdk, or make them public there"
+
+
 def guide_files() -> dict[str, str]:
     return {m["path"]: m["body"] for m in FILE_BLOCK.finditer(GUIDE.read_text())}
 

@@ -76,10 +76,8 @@ from laminar_sdk import (
     SimulatedCrash,
     SinkConnector,
     SinkConnectorCapabilities,
+    stage_task,
 )
-
-# The write tasks' half of the coordinator's distributed path; not exported by laminar_sdk.
-from laminar_sdk._coordinator import stage_task
 
 _CHECKPOINT_STORE = "file"
 _UNCHECKABLE = {

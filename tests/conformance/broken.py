@@ -39,9 +39,11 @@ from laminar_sdk import (
     SourceCheckpoint,
     TransactionError,
     WriteResult,
+    fsync_path,
     hookimpl,
+    make_dirs,
+    write_file_atomically,
 )
-from laminar_sdk._durable import fsync_path, make_dirs, write_file_atomically
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink, MemorySource
 from laminar_sdk.reference._files import arrow_file_bytes, read_arrow_file
 

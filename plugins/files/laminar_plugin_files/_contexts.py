@@ -12,8 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from laminar_sdk import ConnectorConfig
-from laminar_sdk._durable import make_dirs, write_file_atomically
+from laminar_sdk import ConnectorConfig, make_dirs, write_file_atomically
 from laminar_sdk.reference import IDS_SCHEMA
 
 _CONNECTOR = "files"

@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_sdk import InvalidState, TransactionError
-from laminar_sdk._durable import fsync_path, make_dirs, write_file_atomically
+from laminar_sdk import InvalidState, TransactionError, fsync_path, make_dirs, write_file_atomically
 
 STAGING = "_staging"
 MANIFEST = "_MANIFEST.json"

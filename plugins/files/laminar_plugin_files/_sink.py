@@ -20,8 +20,9 @@ from laminar_sdk import (
     SinkConnector,
     SinkConnectorCapabilities,
     WriteResult,
+    make_dirs,
+    write_file_atomically,
 )
-from laminar_sdk._durable import make_dirs, write_file_atomically
 from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._schemas import conform_batch
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from laminar_sdk import SerdeError
-from laminar_sdk._durable import fsync_path
+from laminar_sdk import SerdeError, fsync_path
 
 from laminar_plugin_files._config import FileFormat
 

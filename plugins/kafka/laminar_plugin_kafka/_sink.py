@@ -61,8 +61,10 @@ from laminar_sdk import (
     TransactionError,
     WriteError,
     WriteResult,
+    fsync_path,
+    make_dirs,
+    write_file_atomically,
 )
-from laminar_sdk._durable import fsync_path, make_dirs, write_file_atomically
 from laminar_sdk.reference._lifecycle import Lifecycle
 
 from laminar_plugin_kafka._client import (
