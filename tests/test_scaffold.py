@@ -248,8 +248,8 @@ def generated(tmp_path: Path, name: str) -> Path:
 def tool(module: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     if importlib.util.find_spec(module) is None:
         pytest.skip(
-            f"{module} is not installed in this environment (the tox `tests` env has none; the "
-            "dev venv has it), so the generated code is not checked with it here"
+            f"{module} is not installed in this environment (tox's `tests` env installs it), so "
+            "the generated code is not checked with it here"
         )
     return subprocess.run(
         [sys.executable, "-m", module, *arguments],
