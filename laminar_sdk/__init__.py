@@ -73,6 +73,7 @@ from laminar_sdk._errors import (
     TransactionError,
     WriteError,
 )
+from laminar_sdk._forwarding import ForwardingSink
 from laminar_sdk._hookspecs import hookimpl, hookspec
 from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
 from laminar_sdk._pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
@@ -142,6 +143,7 @@ __all__ = [
     "EpochResult",
     "EvolutionVerdict",
     "FileCheckpointer",
+    "ForwardingSink",
     "HealthState",
     "HealthStatus",
     "InferenceConfig",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import pickle
 
 import pyarrow as pa
@@ -240,3 +241,95 @@ def test_plugin_and_checkpoint_errors_are_laminar_errors_not_connector_errors():
     for error_type in (laminar_sdk.PluginError, laminar_sdk.CheckpointError):
         assert issubclass(error_type, laminar_sdk.LaminarError)
         assert not issubclass(error_type, laminar_sdk.ConnectorError)
+
+
+class EveryCallSink(SinkConnector):
+    """Records each contract method called on it and answers with a value of its own."""
+
+    answers: dict[str, object]
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+        self.answers = {
+            "write_batch": WriteResult(7),
+            "schema": SCHEMA,
+            "health_check": HealthStatus.healthy(),
+            "metrics": ConnectorMetrics(records_total=3),
+            "capabilities": SinkConnectorCapabilities().with_exactly_once(),
+            "as_distributed_commit": object(),
+            "as_schema_registry_aware": object(),
+            "as_schema_evolvable": object(),
+        }
+
+    def _answer(self, name: str, *arguments: object):
+        self.calls.append((name, arguments))
+        return self.answers.get(name)
+
+    async def open(self, config):
+        return self._answer("open", config)
+
+    async def write_batch(self, batch):
+        return self._answer("write_batch", batch)
+
+    def schema(self):
+        return self._answer("schema")
+
+    async def close(self):
+        return self._answer("close")
+
+    async def begin_epoch(self, epoch):
+        return self._answer("begin_epoch", epoch)
+
+    async def pre_commit(self, epoch):
+        return self._answer("pre_commit", epoch)
+
+    async def commit_epoch(self, epoch):
+        return self._answer("commit_epoch", epoch)
+
+    async def rollback_epoch(self, epoch):
+        return self._answer("rollback_epoch", epoch)
+
+    async def flush(self):
+        return self._answer("flush")
+
+    async def health_check(self):
+        return self._answer("health_check")
+
+    def metrics(self):
+        return self._answer("metrics")
+
+    def capabilities(self):
+        return self._answer("capabilities")
+
+    def as_distributed_commit(self):
+        return self._answer("as_distributed_commit")
+
+    def as_schema_registry_aware(self):
+        return self._answer("as_schema_registry_aware")
+
+    def as_schema_evolvable(self):
+        return self._answer("as_schema_evolvable")
+
+
+def test_a_forwarding_sink_forwards_every_method_of_the_contract(run):
+    inner = EveryCallSink()
+    sink = laminar_sdk.ForwardingSink(inner)
+    assert sink.wrapped is inner
+    config = ConnectorConfig({"path": "x"})
+    batch = pa.record_batch([pa.array([1], pa.int64())], schema=SCHEMA)
+    arguments = {"open": (config,), "write_batch": (batch,)}
+    methods = [
+        name
+        for name, member in vars(SinkConnector).items()
+        if callable(member) and not name.startswith("_")
+    ]
+    assert len(methods) == 15, "the sink contract changed: extend EveryCallSink"
+    for name in methods:
+        takes_epoch = "epoch" in inspect.signature(getattr(SinkConnector, name)).parameters
+        given_arguments = arguments.get(name, (4,) if takes_epoch else ())
+        result = getattr(sink, name)(*given_arguments)
+        if hasattr(result, "__await__"):
+            result = run(result)
+        assert inner.calls[-1] == (name, given_arguments), f"{name} was not forwarded"
+        assert result is inner.answers.get(name), f"{name} did not return the wrapped answer"
+    assert len(inner.calls) == len(methods)

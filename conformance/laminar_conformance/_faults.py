@@ -9,15 +9,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from laminar_sdk import (
-    ConnectorConfig,
     ConnectorError,
-    ConnectorMetrics,
     DistributedCommitSink,
-    HealthStatus,
+    ForwardingSink,
     ProtocolStep,
     SimulatedCrash,
     SinkConnector,
-    SinkConnectorCapabilities,
     WriteResult,
 )
 
@@ -178,21 +175,13 @@ class FaultyDistributedCommit(DistributedCommitSink):
         await inject(fault, "commit_aggregated", epoch, lambda: commit(epoch, descriptors))
 
 
-class FaultySink(SinkConnector):
+class FaultySink(ForwardingSink):
     """Wraps an opened sink, injecting the faults a :class:`FaultPlan` holds into its calls."""
 
     def __init__(self, sink: SinkConnector, plan: FaultPlan) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._plan = plan
         self._epoch = -1
-
-    async def open(self, config: ConnectorConfig) -> None:
-        """Open the wrapped sink."""
-        await self._sink.open(config)
-
-    def schema(self) -> pa.Schema:
-        """The wrapped sink's schema."""
-        return self._sink.schema()
 
     async def _faulty(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
         await inject(self._plan.take(where, epoch), where, epoch, call)
@@ -200,51 +189,31 @@ class FaultySink(SinkConnector):
     async def begin_epoch(self, epoch: int) -> None:
         """``begin_epoch``, with its planned fault."""
         self._epoch = epoch
-        await self._faulty("begin_epoch", epoch, lambda: self._sink.begin_epoch(epoch))
+        await self._faulty("begin_epoch", epoch, lambda: self.wrapped.begin_epoch(epoch))
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """``write_batch``, with its planned fault."""
         results: list[WriteResult] = []
 
         async def write() -> None:
-            results.append(await self._sink.write_batch(batch))
+            results.append(await self.wrapped.write_batch(batch))
 
         await self._faulty("write_batch", self._epoch, write)
         return results[0]
 
     async def pre_commit(self, epoch: int) -> None:
         """``pre_commit``, with its planned fault."""
-        await self._faulty("pre_commit", epoch, lambda: self._sink.pre_commit(epoch))
+        await self._faulty("pre_commit", epoch, lambda: self.wrapped.pre_commit(epoch))
 
     async def commit_epoch(self, epoch: int) -> None:
         """``commit_epoch``, with its planned fault."""
-        await self._faulty("commit_epoch", epoch, lambda: self._sink.commit_epoch(epoch))
+        await self._faulty("commit_epoch", epoch, lambda: self.wrapped.commit_epoch(epoch))
 
     async def rollback_epoch(self, epoch: int) -> None:
         """``rollback_epoch``, with its planned fault."""
-        await self._faulty("rollback_epoch", epoch, lambda: self._sink.rollback_epoch(epoch))
-
-    async def flush(self) -> None:
-        """The wrapped sink's ``flush``."""
-        await self._sink.flush()
-
-    async def health_check(self) -> HealthStatus:
-        """The wrapped sink's health."""
-        return await self._sink.health_check()
-
-    def metrics(self) -> ConnectorMetrics:
-        """The wrapped sink's metrics."""
-        return self._sink.metrics()
-
-    def capabilities(self) -> SinkConnectorCapabilities:
-        """The wrapped sink's capabilities."""
-        return self._sink.capabilities()
+        await self._faulty("rollback_epoch", epoch, lambda: self.wrapped.rollback_epoch(epoch))
 
     def as_distributed_commit(self) -> DistributedCommitSink | None:
         """The wrapped sink's distributed commit, with the planned faults, if it offers one."""
-        staging = self._sink.as_distributed_commit()
+        staging = self.wrapped.as_distributed_commit()
         return None if staging is None else FaultyDistributedCommit(staging, self._plan)
-
-    async def close(self) -> None:
-        """Close the wrapped sink."""
-        await self._sink.close()

@@ -103,6 +103,7 @@ from laminar_sdk._config import ConnectorConfig
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._coordinator import ProtocolStep, StepObserver
 from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._forwarding import ForwardingSink
 from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
 from laminar_sdk._schema import (
     SchemaEvolvable,
@@ -113,9 +114,7 @@ from laminar_sdk._schema import (
 from laminar_sdk._types import (
     ConnectorMetrics,
     HealthStatus,
-    SinkConnectorCapabilities,
     SourceBatch,
-    WriteResult,
 )
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
@@ -735,84 +734,32 @@ class _WatchedRanges(RangeReadableSource):
         window.end("read_range ended")
 
 
-class _WatchedSink(SinkConnector):
+class _WatchedSink(ForwardingSink):
     """A sink whose ``pre_commit`` of the chosen epoch ends in a kill (see :func:`watched_sink`)."""
 
     def __init__(self, sink: SinkConnector, point: CrashPoint, kill: Kill) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._point = point
         self._kill = kill
-
-    async def open(self, config: ConnectorConfig) -> None:
-        """Open the wrapped sink."""
-        await self._sink.open(config)
-
-    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
-        """The wrapped sink's ``write_batch``."""
-        return await self._sink.write_batch(batch)
-
-    def schema(self) -> pa.Schema:
-        """The wrapped sink's schema."""
-        return self._sink.schema()
-
-    async def close(self) -> None:
-        """Close the wrapped sink."""
-        await self._sink.close()
-
-    async def begin_epoch(self, epoch: int) -> None:
-        """The wrapped sink's ``begin_epoch``."""
-        await self._sink.begin_epoch(epoch)
 
     async def pre_commit(self, epoch: int) -> None:
         """The wrapped sink's ``pre_commit``; the chosen epoch's is killed inside."""
         if epoch != self._point.epoch:
-            await self._sink.pre_commit(epoch)
+            await self.wrapped.pre_commit(epoch)
             return
         window = _Window(self._point, self._kill, reads=False, tear=False)
         window.open()
         try:
-            await self._sink.pre_commit(epoch)
+            await self.wrapped.pre_commit(epoch)
         finally:
             window.end("pre_commit returned")
 
-    async def commit_epoch(self, epoch: int) -> None:
-        """The wrapped sink's ``commit_epoch``."""
-        await self._sink.commit_epoch(epoch)
-
-    async def rollback_epoch(self, epoch: int) -> None:
-        """The wrapped sink's ``rollback_epoch``."""
-        await self._sink.rollback_epoch(epoch)
-
-    async def flush(self) -> None:
-        """The wrapped sink's ``flush``."""
-        await self._sink.flush()
-
-    async def health_check(self) -> HealthStatus:
-        """The wrapped sink's health."""
-        return await self._sink.health_check()
-
-    def metrics(self) -> ConnectorMetrics:
-        """The wrapped sink's metrics."""
-        return self._sink.metrics()
-
-    def capabilities(self) -> SinkConnectorCapabilities:
-        """The wrapped sink's capabilities."""
-        return self._sink.capabilities()
-
     def as_distributed_commit(self) -> DistributedCommitSink | None:
         """The wrapped sink's distributed commit, whose ``stage`` is watched."""
-        distributed = self._sink.as_distributed_commit()
+        distributed = self.wrapped.as_distributed_commit()
         if distributed is None:
             return None
         return _WatchedStaging(distributed, self._point, self._kill)
-
-    def as_schema_registry_aware(self) -> SchemaRegistryAware | None:
-        """The wrapped sink's capability."""
-        return self._sink.as_schema_registry_aware()
-
-    def as_schema_evolvable(self) -> SchemaEvolvable | None:
-        """The wrapped sink's capability."""
-        return self._sink.as_schema_evolvable()
 
 
 class _WatchedStaging(DistributedCommitSink):
