@@ -15,8 +15,8 @@ from laminar_sdk.reference import SCHEMAS
 PATH_KEY = ConfigKeySpec(
     "path",
     required=True,
-    description="the directory of the files: a local (or mounted) path; object-store URIs "
-    "are refused",
+    description="the directory of the files: a local (or mounted) path or file:///...; "
+    "object-store URIs are refused (publishing needs an atomic directory rename)",
 )
 
 SCHEMA_KEY = ConfigKeySpec(

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import os
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from laminar_sdk import (
     CheckpointError,
     ConfigKeySpec,
@@ -29,13 +28,18 @@ from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._offsets import parse_count
 
 from laminar_plugin_files._config import (
-    PATH_KEY,
     SCHEMA_KEY,
     FileFormat,
     configured_format,
     configured_schema,
     format_key,
-    local_directory,
+)
+from laminar_plugin_files._location import (
+    S3_KEYS,
+    SOURCE_PATH_KEY,
+    SourceLocation,
+    check_location,
+    source_location,
 )
 from laminar_plugin_files._reading import count_rows, file_batches, list_files
 
@@ -76,7 +80,7 @@ class _Position:
 
 @dataclass(frozen=True, slots=True)
 class _Settings:
-    directory: Path
+    location: SourceLocation
     file_format: FileFormat
     schema: pa.Schema
     pattern: str
@@ -150,6 +154,12 @@ class FilesSource(SourceConnector, RangeReadableSource):
     under a name starting with ``.``) and rename it in — and must not change or vanish until
     it has been read. Files and directories whose names start with ``.`` or ``_`` are ignored.
 
+    ``path`` may be a local directory or an object-store prefix (``s3://bucket/prefix``, with
+    the ``s3.*`` keys, or any URI :meth:`pyarrow.fs.FileSystem.from_uri` opens): everything
+    is listed and read through a :class:`pyarrow.fs.FileSystem`, and positions are paths
+    relative to ``path`` in both cases. On an object store, "appear complete" is what a PUT
+    gives: an object is visible only once uploaded whole.
+
     Every batch has exactly :meth:`schema`: the declared columns, picked by name and cast;
     other columns are ignored. A file whose columns do not fit raises
     :class:`~laminar_sdk.SchemaMismatch` naming it. :meth:`poll_batch` returns at most
@@ -166,7 +176,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
     """
 
     CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = (
-        PATH_KEY,
+        SOURCE_PATH_KEY,
         format_key(_FORMATS),
         SCHEMA_KEY,
         ConfigKeySpec(
@@ -180,10 +190,11 @@ class FilesSource(SourceConnector, RangeReadableSource):
             value_type=int,
             description="most rows one poll returns",
         ),
+        *S3_KEYS,
     )
     DESCRIPTION: ClassVar[str] = (
-        "Reads Parquet, CSV or JSON Lines files from a directory as they appear, in name order; "
-        "replayable"
+        "Reads Parquet, CSV or JSON Lines files from a directory or object-store prefix (s3://) "
+        "as they appear, in name order; replayable"
     )
 
     def __init__(self) -> None:
@@ -198,30 +209,18 @@ class FilesSource(SourceConnector, RangeReadableSource):
     async def open(self, config: ConnectorConfig) -> None:
         """Check ``config`` and the directory; nothing is read yet.
 
+        An object store is contacted once, to check that the bucket exists and the prefix may
+        be listed (a prefix with no objects yet is an empty directory).
+
         :raises ConfigurationError: naming the key that is unknown, mistyped or out of range,
-            or ``path`` when the directory does not exist or may not be read.
+            or ``path`` when the directory (or bucket) does not exist or may not be read.
+        :raises ConnectionFailed: naming ``path`` when the object store cannot be reached or
+            refuses to list the prefix.
         """
         config = config.validate(self.CONFIG_KEYS)
         file_format = configured_format(_LABEL, config, _FORMATS)
-        directory = local_directory(
-            _LABEL,
-            config,
-            "this source reads local (or mounted) directories only; mount the bucket, or copy "
-            "the files to a local directory",
-        )
-        if not directory.is_dir():
-            problem = "is not a directory" if directory.exists() else "does not exist"
-            raise ConfigurationError(
-                f"{_LABEL}: config key 'path' names {directory}, which {problem}; create the "
-                "directory (the source reads the files that appear in it) or fix 'path'",
-                key=PATH_KEY.name,
-            )
-        if not os.access(directory, os.R_OK | os.X_OK):
-            raise ConfigurationError(
-                f"{_LABEL}: config key 'path' names {directory}, which this process may not "
-                "read; give it read access to the directory and its files",
-                key=PATH_KEY.name,
-            )
+        location = source_location(_LABEL, config)
+        check_location(_LABEL, location)
         batch_size = config.get_parsed("batch_size", int, _BATCH_SIZE)
         if batch_size < 1:
             raise ConfigurationError(
@@ -230,7 +229,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
             )
         pattern = config.get("pattern") or f"*{file_format.extension}"
         schema = configured_schema(_LABEL, config)
-        self._lifecycle.open(_Settings(directory, file_format, schema, pattern, batch_size))
+        self._lifecycle.open(_Settings(location, file_format, schema, pattern, batch_size))
 
     def schema(self) -> pa.Schema:
         """The declared schema (the ``schema`` key)."""
@@ -276,12 +275,12 @@ class FilesSource(SourceConnector, RangeReadableSource):
         if (
             position is not None
             and position.rows is not None
-            and not (settings.directory / position.file).is_file()
+            and not _is_file(settings.location, position.file)
         ):
             raise CheckpointError(
                 f"{_LABEL}: the checkpoint is {position.rows} rows into "
-                f"{settings.directory / position.file}, which is gone; files must stay until "
-                "they have been read"
+                f"{settings.location.show(position.file)}, which is gone; files must stay "
+                "until they have been read"
             )
         following = next(_following(settings, position), None)
         if following is None:
@@ -289,7 +288,8 @@ class FilesSource(SourceConnector, RangeReadableSource):
         name, skip = following
         batches = file_batches(
             _LABEL,
-            settings.directory / name,
+            settings.location,
+            name,
             file_format=settings.file_format,
             schema=settings.schema,
             batch_size=settings.batch_size,
@@ -347,7 +347,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
             available = self._rows_in(settings, name) - skip
             if available < 0:
                 raise CheckpointError(
-                    f"{_LABEL}: the checkpoint is {skip} rows into {settings.directory / name}, "
+                    f"{_LABEL}: the checkpoint is {skip} rows into {settings.location.show(name)}, "
                     f"but the file has only {skip + available}; files must not change once "
                     "they are in the directory"
                 )
@@ -362,7 +362,8 @@ class FilesSource(SourceConnector, RangeReadableSource):
         if rows is None:
             rows = count_rows(
                 _LABEL,
-                settings.directory / name,
+                settings.location,
+                name,
                 file_format=settings.file_format,
                 schema=settings.schema,
                 batch_size=settings.batch_size,
@@ -390,7 +391,8 @@ class FilesSource(SourceConnector, RangeReadableSource):
             wanted = None if name != end.file or end.rows is None else end.rows - skip
             batches = file_batches(
                 _LABEL,
-                settings.directory / name,
+                settings.location,
+                name,
                 file_format=settings.file_format,
                 schema=settings.schema,
                 batch_size=settings.batch_size,
@@ -410,14 +412,14 @@ class FilesSource(SourceConnector, RangeReadableSource):
                 raise ReadError(f"{error}: the range cannot be read again") from error
             if wanted is not None and read < wanted:
                 raise ReadError(
-                    f"{_LABEL}: the range ends {end.rows} rows into {settings.directory / name}, "
-                    f"but the file has only {skip + read}; files must not change once they are "
-                    "in the directory"
+                    f"{_LABEL}: the range ends {end.rows} rows into "
+                    f"{settings.location.show(name)}, but the file has only {skip + read}; "
+                    "files must not change once they are in the directory"
                 )
             if name == end.file:
                 return
         raise ReadError(
-            f"{_LABEL}: the range ends in {settings.directory / end.file}, which is gone; files "
+            f"{_LABEL}: the range ends in {settings.location.show(end.file)}, which is gone; files "
             "must stay until every micro-batch that read them is committed"
         )
 
@@ -462,7 +464,21 @@ def _following(settings: _Settings, position: _Position | None) -> Iterator[tupl
     """
     if position is not None and position.rows is not None:
         yield position.file, position.rows
-    names = list_files(_LABEL, settings.directory, settings.pattern)
+    names = list_files(_LABEL, settings.location, settings.pattern)
     first = 0 if position is None else bisect.bisect_right(names, position.file)
     for name in names[first:]:
         yield name, 0
+
+
+def _is_file(location: SourceLocation, name: str) -> bool:
+    """Whether ``name`` (relative to ``location``) is a file.
+
+    :raises ReadError: when the filesystem cannot say (an object store unreachable).
+    """
+    try:
+        return location.filesystem.get_file_info(location.path(name)).type is pafs.FileType.File
+    except OSError as error:
+        raise ReadError(
+            f"{_LABEL}: cannot look up {location.show(name)}: {error}; check that the store "
+            "is reachable and the credentials valid"
+        ) from error

@@ -25,7 +25,17 @@ def test_the_entry_point_registers_a_source_and_a_sink_named_files():
         "schema",
         "pattern",
         "batch_size",
+        "s3.endpoint",
+        "s3.region",
+        "s3.access_key",
+        "s3.secret_key",
+        "s3.session_token",
+        "s3.allow_http",
+        "s3.timeout_s",
+        "s3.max_attempts",
     }
+    secret = {key.name for key in source.config_keys if key.secret}
+    assert secret == {"s3.access_key", "s3.secret_key", "s3.session_token"}
     assert {key.name for key in sink.config_keys} == {"path", "format", "schema", "rows_per_file"}
     assert [key.name for key in sink.config_keys if key.required] == ["path"]
 
