@@ -6,6 +6,8 @@ loads and works without the kit installed.
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,7 +17,18 @@ import pyarrow.parquet as pq
 from laminar_sdk import ConnectorConfig, make_dirs, write_file_atomically
 from laminar_sdk.reference import IDS_SCHEMA
 
+from laminar_plugin_files._location import (
+    S3_KEYS,
+    SOURCE_PATH_KEY,
+    SourceLocation,
+    source_location,
+)
+
 _CONNECTOR = "files"
+SOURCE_URI_VARIABLE = "LAMINAR_FILES_SOURCE_URI"
+"""Environment variable: run the source context on an object store, under this URI."""
+SOURCE_S3_ENDPOINT_VARIABLE = "LAMINAR_FILES_SOURCE_S3_ENDPOINT"
+"""Environment variable: the ``s3.endpoint`` of that store (S3-compatible servers)."""
 # Small row groups and batches, so that restoring lands inside, between and after them.
 _ROW_GROUP_SIZE = 3
 _BATCH_SIZE = "4"
@@ -68,19 +81,40 @@ class FilesSourceContext:
     Each :meth:`append` writes one new file, atomically (a hidden temporary file renamed into
     place), named so that it sorts after every earlier one. Files appended while a source
     runs reach it (``live_appends``).
+
+    With the environment variable ``LAMINAR_FILES_SOURCE_URI`` set (``s3://bucket/prefix``),
+    the files are objects under a fresh prefix below it instead, each uploaded whole;
+    ``LAMINAR_FILES_SOURCE_S3_ENDPOINT`` names an S3-compatible server. Credentials come from
+    the AWS credential chain (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ...).
     """
 
     live_appends = True
 
     def __init__(self, workdir: Path) -> None:
-        self.path = workdir / "files-source"
-        make_dirs(self.path)
+        base = os.environ.get(SOURCE_URI_VARIABLE)
+        self._options: dict[str, str] = {}
+        self._store: SourceLocation | None = None
+        if base is None:
+            self.path = str(workdir / "files-source")
+            make_dirs(Path(self.path))
+        else:
+            self.path = f"{base.rstrip('/')}/{workdir.name}-{uuid.uuid4().hex[:12]}"
+            endpoint = os.environ.get(SOURCE_S3_ENDPOINT_VARIABLE)
+            if endpoint:
+                self._options["s3.endpoint"] = endpoint
+                self._options["s3.allow_http"] = str(endpoint.startswith("http://")).lower()
+            config = ConnectorConfig(_CONNECTOR, {"path": self.path, **self._options})
+            # The source's own notion of the location: the context writes where it reads.
+            self._store = source_location(
+                "files source context", config.validate((SOURCE_PATH_KEY, *S3_KEYS))
+            )
         self._files = 0
 
     def config(self) -> ConnectorConfig:
-        """``path`` = this context's directory; Parquet; small batches."""
+        """``path`` = this context's directory (or prefix); Parquet; small batches."""
         return ConnectorConfig(
-            _CONNECTOR, {"path": str(self.path), "format": "parquet", "batch_size": _BATCH_SIZE}
+            _CONNECTOR,
+            {"path": self.path, "format": "parquet", "batch_size": _BATCH_SIZE, **self._options},
         )
 
     def append(self, ids: Sequence[int], partition: int | None = None) -> None:
@@ -92,7 +126,12 @@ class FilesSourceContext:
             pa.Table.from_batches([ids_batch(ids)]), buffer, row_group_size=_ROW_GROUP_SIZE
         )
         name = f"part-{self._files:06d}.parquet"
-        write_file_atomically(self.path / name, buffer.getvalue().to_pybytes())
+        if self._store is None:
+            write_file_atomically(Path(self.path) / name, buffer.getvalue().to_pybytes())
+        else:
+            # One PUT: an object appears whole, so no temporary name is needed.
+            with self._store.filesystem.open_output_stream(self._store.path(name)) as stream:
+                stream.write(buffer.getvalue())
         self._files += 1
 
     def ids(self, records: pa.RecordBatch) -> list[int]:
@@ -100,4 +139,4 @@ class FilesSourceContext:
         return [int(value) for value in records.column("id").to_pylist()]
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Nothing to release (objects stay under their prefix, as local files do)."""

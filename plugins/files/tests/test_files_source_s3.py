@@ -31,7 +31,7 @@ from laminar_sdk import (
     SourceCheckpoint,
 )
 
-from laminar_plugin_files import FilesSink, FilesSource
+from laminar_plugin_files import FilesSink, FilesSource, FilesSourceContext
 
 if importlib.util.find_spec("moto") is None:
     pytest.skip("needs moto: pip install 'laminar-conformance[s3]'", allow_module_level=True)
@@ -303,3 +303,27 @@ def test_the_sink_still_refuses_an_s3_uri_saying_why(s3_endpoint):
     assert caught.value.key == "path"
     assert "atomic directory rename" in str(caught.value)
     assert "exactly-once" in str(caught.value)
+
+
+def test_the_conformance_source_context_runs_on_a_bucket_when_told(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("LAMINAR_FILES_SOURCE_URI", f"s3://{s3_endpoint.bucket}/conformance")
+    monkeypatch.setenv("LAMINAR_FILES_SOURCE_S3_ENDPOINT", s3_endpoint.url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_endpoint.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_endpoint.secret_access_key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    context = FilesSourceContext(tmp_path)
+    assert context.path.startswith(f"s3://{s3_endpoint.bucket}/conformance/")
+    context.append([1, 2, 3])
+    context.append([4])
+    source = FilesSource()
+    asyncio.run(source.open(context.config()))
+    assert drain(source)[0] == [1, 2, 3, 4]
+    asyncio.run(source.close())
+    root = context.path.removeprefix("s3://")
+    listed = store(s3_endpoint).get_file_info(pafs.FileSelector(root))
+    assert sorted(info.base_name for info in listed) == [
+        "part-000000.parquet",
+        "part-000001.parquet",
+    ]
