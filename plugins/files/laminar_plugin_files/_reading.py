@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Generator, Iterator
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ def list_files(label: str, location: SourceLocation, pattern: str) -> list[str]:
     :raises ReadError: when the directory cannot be listed, naming it.
     """
     filesystem = location.filesystem
+    local = isinstance(filesystem, pafs.LocalFileSystem)
     found: list[str] = []
     pending = [""]
     while pending:
@@ -61,7 +63,10 @@ def list_files(label: str, location: SourceLocation, pattern: str) -> list[str]:
                 continue
             relative = prefix + entry.base_name
             if entry.type is pafs.FileType.Directory:
-                pending.append(relative + "/")
+                # pyarrow's local filesystem follows symbolic links; a linked directory is not
+                # descended into (it may link back up, and its files belong elsewhere).
+                if not (local and os.path.islink(entry.path)):
+                    pending.append(relative + "/")
             elif entry.type is pafs.FileType.File and fnmatch.fnmatchcase(relative, pattern):
                 found.append(relative)
     return sorted(found)

@@ -66,6 +66,18 @@ def test_hidden_and_underscore_files_and_directories_are_ignored(tmp_path):
     assert ids == [1, 7, 6], "a.parquet, then day=1/g.parquet, then day=2/f.parquet"
 
 
+def test_linked_files_are_read_but_linked_directories_are_not_descended_into(tmp_path):
+    source_dir = tmp_path / "in"
+    write_source_file(source_dir / "a.parquet", [1], "parquet")
+    write_source_file(tmp_path / "elsewhere" / "x.parquet", [2], "parquet")
+    (source_dir / "b.parquet").symlink_to(tmp_path / "elsewhere" / "x.parquet")
+    (source_dir / "sub").mkdir()
+    (source_dir / "sub" / "loop").symlink_to(source_dir)  # would never end if followed
+    (source_dir / "other").symlink_to(tmp_path / "elsewhere")
+    ids, _ = drain(open_source(source_dir))
+    assert ids == [1, 2]
+
+
 def test_the_pattern_selects_files_by_their_relative_path(tmp_path):
     write_source_file(tmp_path / "2024" / "a.parquet", [1], "parquet")
     write_source_file(tmp_path / "2025" / "b.parquet", [2], "parquet")
