@@ -229,6 +229,29 @@ def test_a_dead_endpoint_fails_open_quickly_naming_path_without_the_secret(s3_en
     assert caught.value.is_transient
 
 
+def test_wrong_credentials_fail_open_naming_path_without_the_secret(monkeypatch):
+    # moto checks credentials after this many unauthenticated requests (the bucket's creation).
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "1")
+    with moto_s3_server() as endpoint:
+        monkeypatch.delenv("INITIAL_NO_AUTH_ACTION_COUNT")
+        config = ConnectorConfig(
+            "files",
+            {
+                "path": f"s3://{endpoint.bucket}/in",
+                **s3_options(endpoint),
+                "s3.access_key": "AKIANOTAKEYATALL",
+            },
+        )
+        with pytest.raises(ConnectionFailed) as caught:
+            asyncio.run(FilesSource().open(config))
+    message = str(caught.value)
+    assert f"s3://{endpoint.bucket}/in" in message
+    assert "ACCESS_DENIED" in message
+    assert "credentials" in message  # what to check
+    assert SECRET not in message
+    assert "AKIANOTAKEYATALL" not in message
+
+
 def test_a_store_that_goes_away_fails_polls_naming_the_object_without_the_secret():
     with moto_s3_server() as endpoint:
         prefix = f"{endpoint.bucket}/in"
