@@ -220,7 +220,6 @@ class FilesSource(SourceConnector, RangeReadableSource):
         config = config.validate(self.CONFIG_KEYS)
         file_format = configured_format(_LABEL, config, _FORMATS)
         location = source_location(_LABEL, config)
-        check_location(_LABEL, location)
         batch_size = config.get_parsed("batch_size", int, _BATCH_SIZE)
         if batch_size < 1:
             raise ConfigurationError(
@@ -229,6 +228,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
             )
         pattern = config.get("pattern") or f"*{file_format.extension}"
         schema = configured_schema(_LABEL, config)
+        check_location(_LABEL, location)  # last: every key is checked before a store is asked
         self._lifecycle.open(_Settings(location, file_format, schema, pattern, batch_size))
 
     def schema(self) -> pa.Schema:
