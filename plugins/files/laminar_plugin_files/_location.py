@@ -266,10 +266,19 @@ def check_location(label: str, location: SourceLocation) -> None:
         raise unreachable(label, location, error) from error
 
 
+# How pyarrow's S3 errors say the store refused the credentials or the request.
+_REFUSALS = ("ACCESS_DENIED", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
 def unreachable(label: str, location: SourceLocation, error: OSError) -> ConnectionFailed:
-    """The error for a location whose filesystem failed a request (network, access)."""
-    return ConnectionFailed(
+    """The error for a location whose filesystem failed a request (network, access).
+
+    Transient, unless the store refused the credentials: retrying those unchanged never helps.
+    """
+    failed = ConnectionFailed(
         f"{label}: cannot list {location.shown} (config key 'path'): {error}; check that the "
         "endpoint is reachable (s3.endpoint, s3.region), that the credentials are valid and "
         "may list and read the prefix, and that the bucket exists"
     )
+    failed.transient = not any(refusal in str(error) for refusal in _REFUSALS)
+    return failed

@@ -250,6 +250,7 @@ def test_wrong_credentials_fail_open_naming_path_without_the_secret(monkeypatch)
     assert "credentials" in message  # what to check
     assert SECRET not in message
     assert "AKIANOTAKEYATALL" not in message
+    assert not caught.value.is_transient, "refused credentials stay refused when retried"
 
 
 def test_a_store_that_goes_away_fails_polls_naming_the_object_without_the_secret():
