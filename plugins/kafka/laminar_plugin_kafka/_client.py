@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 import contextlib
 import logging
@@ -275,29 +276,29 @@ def read_until(
     starts and is moved on as records are read. Offsets are not dense (transaction markers
     and aborted records take offsets and are never returned), so a partition is done when a
     record at or past its end arrives, or the client reports the partition's end (EOF) at or
-    past it — never by counting records. Records at or past the end are dropped.
+    past it — never by counting records. Records at or past the end are dropped. Each chunk
+    holds what one ``consume`` call returned (at most ``batch_size`` records).
 
     :raises ReadError: when records are gone (deleted or truncated), on a fatal error, or
         when no progress is made within the settings' timeout.
     """
+    # With one partition assigned, every record is of that partition and arrives in offset
+    # order: a chunk is cut at the end offset without reading each record's partition.
+    only = next(iter(ends)) if len(ends) == 1 else None
+    if only is not None and {(p.topic, p.partition) for p in consumer.assignment()} != {only}:
+        only = None
     idle_since = time.monotonic()
     while any(positions[key] < end for key, end in ends.items()):
-        chunk: list[Message] = []
-        for message in consume_ready(consumer, batch_size, _IDLE_POLL_S):
-            key = (message.topic() or "", message.partition() or 0)
-            offset = message.offset() or 0
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    positions[key] = max(positions.get(key, 0), offset)
-                    continue
-                raise_for_consumer_error(settings, error, key)
-                continue
-            if key not in ends or positions[key] >= ends[key]:
-                continue
-            if offset < ends[key]:
-                chunk.append(message)
-            positions[key] = max(positions[key], offset + 1)
+        messages = consume_ready(consumer, batch_size, _IDLE_POLL_S)
+        records = [message for message in messages if message.error() is None]
+        if only is None:
+            chunk = _records_before_ends(records, positions, ends)
+        else:
+            chunk = _records_before_end(records, positions, only, ends[only])
+        if len(records) != len(messages):
+            # After the records: an end of partition is reported after the records before it.
+            _absorb_events(settings, messages, positions)
+        if records and chunk is not None:
             idle_since = time.monotonic()
         if chunk:
             yield chunk
@@ -310,6 +311,65 @@ def read_until(
                 f"{settings.timeout_s:g}s (partition: (position, end)) {behind}; the brokers "
                 "may be unreachable, or the records were truncated"
             )
+
+
+def _absorb_events(
+    settings: ClientSettings,
+    messages: list[Message],
+    positions: MutableMapping[PartitionKey, int],
+) -> None:
+    """Move positions on to the ends of partitions reported; raise for the errors that must."""
+    for message in messages:
+        error = message.error()
+        if error is None:
+            continue
+        key = (message.topic() or "", message.partition() or 0)
+        if error.code() == KafkaError._PARTITION_EOF:
+            positions[key] = max(positions.get(key, 0), message.offset() or 0)
+        else:
+            raise_for_consumer_error(settings, error, key)
+
+
+def _records_before_end(
+    records: list[Message],
+    positions: MutableMapping[PartitionKey, int],
+    key: PartitionKey,
+    end: int,
+) -> list[Message] | None:
+    """The records (all of partition ``key``, in offset order) before ``end``.
+
+    ``None`` when the partition was read to its end before these records came.
+    """
+    if not records or positions[key] >= end:
+        return None if records else []
+    offsets = list(map(Message.offset, records))
+    positions[key] = max(positions[key], (offsets[-1] or 0) + 1)
+    if (offsets[-1] or 0) < end:
+        return records
+    return records[: bisect.bisect_left(offsets, end, key=lambda offset: offset or 0)]
+
+
+def _records_before_ends(
+    records: list[Message],
+    positions: MutableMapping[PartitionKey, int],
+    ends: Mapping[PartitionKey, int],
+) -> list[Message] | None:
+    """The records before their partition's end, of partitions not read to their end yet.
+
+    ``None`` when none of ``records`` is of such a partition.
+    """
+    chunk: list[Message] = []
+    progressed = False
+    for message in records:
+        key = (message.topic() or "", message.partition() or 0)
+        if key not in ends or positions[key] >= ends[key]:
+            continue
+        offset = message.offset() or 0
+        if offset < ends[key]:
+            chunk.append(message)
+        positions[key] = max(positions[key], offset + 1)
+        progressed = True
+    return chunk if progressed else None
 
 
 def latest_offsets(

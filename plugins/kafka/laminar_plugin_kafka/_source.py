@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,6 +63,7 @@ from laminar_plugin_kafka._records import records_batch, source_schema
 logger = logging.getLogger("laminar_plugin_kafka")
 
 _FETCH_WAIT_S = 0.05  # one consume() call's wait; poll_batch loops until poll.timeout.ms
+_RANGE_SLICE = 500  # records taken from the client at a time by read_range (see _range_batches)
 _CONSUMER_DEFAULTS = {"fetch.wait.max.ms": 100}  # librdkafka's 500 ms delays every EOF
 
 
@@ -308,7 +309,9 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         key = next((k for k in ready if last is None or k > last), ready[0])
         pending = reader.buffers[key]
         messages = pending[:max_records]
-        batch = records_batch(SOURCE_NAME, messages, reader.schema, reader.settings.value_schema)
+        batch = records_batch(
+            SOURCE_NAME, messages, reader.schema, reader.settings.value_schema, key
+        )
         del pending[:max_records]
         reader.next[key] = (messages[-1].offset() or 0) + 1
         if not pending and key in reader.pending_end:
@@ -521,15 +524,9 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         consumer = new_consumer(reader.settings.client, consumer_config(reader.settings))
         try:
             consumer.assign([TopicPartition(key[0], key[1], first)])
-            chunks = read_until(
-                reader.settings.client,
-                consumer,
-                {key: first},
-                {key: end},
-                batch_size=reader.settings.batch_size,
-            )
-            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-                yield records_batch(SOURCE_NAME, chunk, reader.schema, reader.settings.value_schema)
+            batches = _range_batches(reader, consumer, key, first, end)
+            while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+                yield batch
         finally:
             await asyncio.to_thread(consumer.close)
 
@@ -585,6 +582,34 @@ def _checkpoint_offsets(checkpoint: SourceCheckpoint) -> dict[PartitionKey, int]
         parse_partition_key(SOURCE_NAME, name): parse_offset(SOURCE_NAME, name, offset)
         for name, offset in checkpoint.offsets.items()
     }
+
+
+def _range_batches(
+    reader: _Reader, consumer: Consumer, key: PartitionKey, first: int, end: int
+) -> Iterator[pa.RecordBatch]:
+    """Batches of up to ``batch.size`` records of ``key`` from ``first`` to before ``end``.
+
+    Blocking: call it in a worker thread. The records are taken from the client a few
+    hundred at a time and turned into Arrow at once, so that the client's message objects
+    die young: held in large numbers, they outlive the garbage collector's young generation
+    (700 allocations) and each full collection then walks every one of them.
+    """
+    settings = reader.settings
+    chunks = read_until(
+        settings.client, consumer, {key: first}, {key: end}, batch_size=_RANGE_SLICE
+    )
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for chunk in chunks:
+        pending.append(records_batch(SOURCE_NAME, chunk, reader.schema, settings.value_schema, key))
+        rows += len(chunk)
+        while rows >= settings.batch_size:
+            whole = pa.concat_batches(pending) if len(pending) > 1 else pending[0]
+            yield whole.slice(0, settings.batch_size)
+            rest = whole.slice(settings.batch_size)
+            pending, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if pending:
+        yield pa.concat_batches(pending) if len(pending) > 1 else pending[0]
 
 
 def _resolve_latest(reader: _Reader) -> None:
