@@ -93,7 +93,7 @@ class LaminarDataSource(DataSource):
                 "outputMode('append') or 'update'",
                 key="outputMode",
             )
-        expected, distributed = asyncio.run(_sink_schema(options, schema))
+        expected, distributed = _checked_sink(options, schema)
         return LaminarStreamWriter(options, expected, distributed=distributed)
 
     def _options(self, role: ConnectorRole) -> BridgeOptions:
@@ -115,6 +115,36 @@ class LaminarDataSource(DataSource):
 async def _source_schema(options: BridgeOptions) -> pa.Schema:
     async with opened_source(options) as source:
         return source.schema()
+
+
+_SinkCheck = tuple[object, ...]
+_CHECKED_SINKS: dict[_SinkCheck, tuple[pa.Schema, bool]] = {}
+"""The sinks this process opened and checked (see :func:`_checked_sink`): options → result."""
+
+
+def _checked_sink(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema, bool]:
+    """:func:`_sink_schema`, run once per process for the same options and stream schema.
+
+    Spark calls ``streamWriter`` when the query starts, and again for every micro-batch in
+    the Python worker that commits it, only to call the new writer's ``commit``. Opening the
+    sink there to check it once more doubled the fixed cost of each commit (the Kafka sink
+    connects, fences older producers and reads its epoch markers when it opens), although the
+    commit opens the sink itself and checks each batch against the sink's schema. A check
+    that fails is not remembered: it runs, and fails, again.
+    """
+    check: _SinkCheck = (
+        options.connector,
+        tuple(sorted(options.properties.items())),
+        options.delivery,
+        options.checkpoint_location,
+        options.checkpoint_store,
+        tuple(sorted(options.checkpoint_options.items())),
+        stream.json(),
+    )
+    found = _CHECKED_SINKS.get(check)
+    if found is None:
+        found = _CHECKED_SINKS[check] = asyncio.run(_sink_schema(options, stream))
+    return found
 
 
 async def _sink_schema(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema, bool]:
