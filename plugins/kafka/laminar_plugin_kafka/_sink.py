@@ -24,6 +24,7 @@ removed once the epoch is committed or rolled back.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import json
@@ -39,6 +40,7 @@ from typing import ClassVar
 import pyarrow as pa
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    Consumer,
     IsolationLevel,
     KafkaError,
     KafkaException,
@@ -846,7 +848,45 @@ def _last_committed_epoch(settings: SinkSettings, admin: AdminClient, partitions
     Read committed, up to the high watermark taken now, after waiting until no transaction
     begun earlier is still open there: a committed marker behind another producer's open
     transaction is not visible yet, and missing it would commit that epoch twice.
+
+    The consumer that reads the markers connects (a round trip or two) while the offsets are
+    asked for: the Spark bridge opens the sink for every micro-batch it commits.
     """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="laminar-epochs") as pool:
+        connecting = pool.submit(_epochs_consumer, settings)
+        try:
+            return _read_last_committed_epoch(settings, admin, partitions, connecting)
+        finally:
+            with contextlib.suppress(Exception):  # its failure to open was raised above
+                connecting.result().close()
+
+
+def _epochs_consumer(settings: SinkSettings) -> Consumer:
+    """A consumer of ``epochs.topic``, read committed, that knows the partitions' leaders."""
+    consumer = new_consumer(
+        settings.client,
+        client_config(
+            settings.client,
+            {"fetch.wait.max.ms": 10},
+            {
+                "group.id": f"laminar-epochs-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+            },
+        ),
+    )
+    know_leaders(settings.client, consumer, {settings.epochs_topic})
+    return consumer
+
+
+def _read_last_committed_epoch(
+    settings: SinkSettings,
+    admin: AdminClient,
+    partitions: list[int],
+    connecting: concurrent.futures.Future[Consumer],
+) -> int:
     ends = _latest_offsets(settings, admin, partitions, IsolationLevel.READ_UNCOMMITTED)
     if not any(ends.values()):
         return -1  # nothing was ever written there: no sink committed an epoch yet
@@ -863,34 +903,17 @@ def _last_committed_epoch(settings: SinkSettings, admin: AdminClient, partitions
                 timeout_s=settings.client.timeout_s,
             )
         time.sleep(_STABLE_WAIT_S)
-    consumer = new_consumer(
-        settings.client,
-        client_config(
-            settings.client,
-            {"fetch.wait.max.ms": 10},
-            {
-                "group.id": f"laminar-epochs-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-            },
-        ),
-    )
+    consumer = connecting.result()
     key = settings.transactional_id.encode()
     last = -1
-    try:
-        know_leaders(settings.client, consumer, {settings.epochs_topic})
-        consumer.assign(
-            [TopicPartition(settings.epochs_topic, p, OFFSET_BEGINNING) for p in partitions]
-        )
-        starts = {(settings.epochs_topic, p): 0 for p in partitions}
-        targets = {(settings.epochs_topic, p): ends[p] for p in partitions}
-        for chunk in read_until(settings.client, consumer, starts, targets, batch_size=10_000):
-            for message in chunk:
-                if message.key() == key:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        last = max(last, int(json.loads(message.value() or b"")["epoch"]))
-    finally:
-        consumer.close()
+    consumer.assign(
+        [TopicPartition(settings.epochs_topic, p, OFFSET_BEGINNING) for p in partitions]
+    )
+    starts = {(settings.epochs_topic, p): 0 for p in partitions}
+    targets = {(settings.epochs_topic, p): ends[p] for p in partitions}
+    for chunk in read_until(settings.client, consumer, starts, targets, batch_size=10_000):
+        for message in chunk:
+            if message.key() == key:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    last = max(last, int(json.loads(message.value() or b"")["epoch"]))
     return last
