@@ -403,14 +403,36 @@ def pipeline_main(args: argparse.Namespace) -> None:
     try:
         for route in routes:
             began = time.perf_counter()
-            start(
-                spark, args.pipeline_bootstrap, route, args.batch_messages, work
-            ).awaitTermination()
+            query = start(spark, args.pipeline_bootstrap, route, args.batch_messages, work)
+            query.awaitTermination()
             seconds.append(time.perf_counter() - began)
+            print_breakdown(args.pipeline, query, seconds[-1])
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(seconds), flush=True)
+
+
+def print_breakdown(variant: str, query: StreamingQuery, seconds: float) -> None:
+    """Print on standard error where a query's time went, from Spark's progress reports.
+
+    The micro-batches, and the milliseconds of each phase summed over them (``addBatch``
+    holds the tasks and the commit).
+    """
+    phases: dict[str, int] = {}
+    batches = 0
+    for progress in query.recentProgress:
+        if not progress.get("numInputRows"):
+            continue
+        batches += 1
+        for phase, ms in progress.get("durationMs", {}).items():
+            phases[phase] = phases.get(phase, 0) + int(ms)
+    shown = ", ".join(f"{phase} {ms}" for phase, ms in sorted(phases.items(), key=lambda p: -p[1]))
+    print(
+        f"  {variant}: {seconds:.2f} s, {batches} micro-batch(es); ms by phase: {shown}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # The run ----------------------------------------------------------------------------------

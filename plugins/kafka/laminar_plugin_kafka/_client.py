@@ -34,6 +34,30 @@ from laminar_plugin_kafka._config import PASSTHROUGH_PREFIX, ClientSettings
 LIBRDKAFKA_LOGGER = logging.getLogger("laminar_plugin_kafka.librdkafka")
 """Where librdkafka's own log lines go (instead of standard error)."""
 
+
+class _SharedKeysFilter(logging.Filter):
+    """Drops librdkafka's note that a key is for the other kind of client.
+
+    A connector hands the same ``kafka.*`` keys to each client it makes (the sink reads its
+    epoch markers with a consumer, say), so ``kafka.linger.ms`` on a sink is not a mistake.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("CONFWARN" in message and "property and will be ignored by this" in message)
+
+
+LIBRDKAFKA_LOGGER.addFilter(_SharedKeysFilter())
+
+CLIENT_DEFAULTS: Mapping[str, object] = {"reconnect.backoff.ms": 20}
+"""Librdkafka settings of every client, unless a ``kafka.*`` key sets them.
+
+``reconnect.backoff.ms`` (librdkafka: 100) also spaces a new client's connections: having
+learned the brokers from the bootstrap server, it connects to them only after half of it.
+The connectors open clients for every epoch on Spark, and at every restart, so the default
+cost 50 ms per client; 20 ms costs about 10 ms. It still grows exponentially while a broker
+stays unreachable (``reconnect.backoff.max.ms``)."""
+
 PartitionKey = tuple[str, int]
 """A partition: its topic and number."""
 
@@ -187,8 +211,9 @@ def _configuration_error(
 def client_config(
     settings: ClientSettings, defaults: Mapping[str, object], managed: Mapping[str, object]
 ) -> dict[str, Any]:
-    """Librdkafka settings: ``defaults``, then the ``kafka.*`` keys, then ``managed``."""
+    """Librdkafka settings: :data:`CLIENT_DEFAULTS`, ``defaults``, ``kafka.*``, ``managed``."""
     return {
+        **CLIENT_DEFAULTS,
         **defaults,
         **settings.passthrough,
         "bootstrap.servers": settings.bootstrap_servers,
@@ -247,7 +272,9 @@ def consume_ready(consumer: Consumer, count: int, wait_s: float) -> list[Message
     return [first, *consumer.consume(count - 1, 0)]
 
 
-def know_leaders(settings: ClientSettings, client: Consumer | Producer, topics: set[str]) -> None:
+def know_leaders(
+    settings: ClientSettings, client: Consumer | Producer | AdminClient, topics: set[str]
+) -> None:
     """Ask for ``topics``' metadata, so the client knows their partitions' leaders.
 
     A consumer assigned a logical offset (beginning, end) before it knows the partition's

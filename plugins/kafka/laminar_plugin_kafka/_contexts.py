@@ -30,6 +30,7 @@ from confluent_kafka.admin import NewTopic
 from laminar_sdk import ConnectorConfig, ReadError
 
 from laminar_plugin_kafka._client import (
+    CLIENT_DEFAULTS,
     LIBRDKAFKA_LOGGER,
     PartitionKey,
     consume_ready,
@@ -163,6 +164,7 @@ class _Topics:
         if self._producer is None:
             self._producer = Producer(
                 {
+                    **CLIENT_DEFAULTS,
                     "bootstrap.servers": self.bootstrap,
                     "enable.idempotence": True,
                     "linger.ms": 1,
@@ -202,6 +204,7 @@ class _CommittedReader:
         self._pool = pool
         self._consumer = Consumer(
             {
+                **CLIENT_DEFAULTS,
                 "bootstrap.servers": pool.bootstrap,
                 "group.id": f"laminar-conformance-{uuid.uuid4().hex}",
                 "isolation.level": "read_committed",

@@ -240,31 +240,30 @@ class KafkaSink(SinkConnector):
         self._lifecycle.open(writer)
 
     def _prepare(self, writer: _Writer) -> None:
-        """Check the topics; with exactly-once, fence, and read the last committed epoch."""
+        """Check the topics; with exactly-once, fence, and read the last committed epoch.
+
+        With exactly-once, the admin client and the consumer of the epoch markers connect
+        (a round trip or two each) while the producer reads the metadata and fences: the
+        Spark bridge opens the sink for every epoch it commits.
+        """
         settings = writer.settings
-        try:
-            metadata: ClusterMetadata = writer.producer.list_topics(
-                timeout=settings.client.timeout_s
-            )
-        except KafkaException as error:
-            raise client_error(
-                settings.client, "read the cluster's metadata", error, WriteError
-            ) from error
-        topic = metadata.topics.get(settings.topic)
-        problem = None if topic is None else topic.error
-        if topic is None or problem is not None:
-            reason = "it does not exist" if problem is None else describe(settings.client, problem)
-            raise ConfigurationError(
-                f"{SINK_NAME}: cannot write to topic {settings.topic!r} at bootstrap.servers="
-                f"{settings.client.bootstrap_servers}: {reason}; create it or fix the name",
-                key="topic",
-            )
         if not settings.exactly_once:
+            _check_topic(writer)
             return
         admin = writer.admin = new_admin(settings.client)
-        partitions = _epochs_partitions(settings, admin, metadata)
-        _init_transactions(writer)
-        writer.last_committed = _last_committed_epoch(settings, admin, partitions)
+        with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="laminar-open") as pool:
+            pool.submit(know_leaders, settings.client, admin, {settings.epochs_topic})
+            connecting = pool.submit(_epochs_consumer, settings)
+            try:
+                metadata = _check_topic(writer)
+                partitions = _epochs_partitions(settings, admin, metadata)
+                _init_transactions(writer)
+                writer.last_committed = _read_last_committed_epoch(
+                    settings, admin, partitions, connecting
+                )
+            finally:
+                with contextlib.suppress(Exception):  # its failure to open was raised above
+                    connecting.result().close()
         _discard_committed_staging(writer)
 
     async def close(self) -> None:
@@ -486,6 +485,31 @@ def _producer_config(settings: SinkSettings, deliveries: _Deliveries) -> dict[st
     if settings.exactly_once:
         managed["transactional.id"] = settings.transactional_id
     return client_config(settings.client, _PRODUCER_DEFAULTS, managed)
+
+
+def _check_topic(writer: _Writer) -> ClusterMetadata:
+    """The cluster's metadata, once the sink's topic is known to exist there.
+
+    :raises ConfigurationError: when the topic does not exist or cannot be written.
+    :raises ConnectionFailed: when the brokers do not answer within the timeout.
+    """
+    settings = writer.settings
+    try:
+        metadata: ClusterMetadata = writer.producer.list_topics(timeout=settings.client.timeout_s)
+    except KafkaException as error:
+        raise client_error(
+            settings.client, "read the cluster's metadata", error, WriteError
+        ) from error
+    topic = metadata.topics.get(settings.topic)
+    problem = None if topic is None else topic.error
+    if topic is None or problem is not None:
+        reason = "it does not exist" if problem is None else describe(settings.client, problem)
+        raise ConfigurationError(
+            f"{SINK_NAME}: cannot write to topic {settings.topic!r} at bootstrap.servers="
+            f"{settings.client.bootstrap_servers}: {reason}; create it or fix the name",
+            key="topic",
+        )
+    return metadata
 
 
 def _init_transactions(writer: _Writer) -> None:
@@ -842,32 +866,14 @@ def _latest_offsets(
     return {partition: offset for (_, partition), offset in found.items()}
 
 
-def _last_committed_epoch(settings: SinkSettings, admin: AdminClient, partitions: list[int]) -> int:
-    """The newest epoch this sink committed, from its markers (``-1`` when none).
-
-    Read committed, up to the high watermark taken now, after waiting until no transaction
-    begun earlier is still open there: a committed marker behind another producer's open
-    transaction is not visible yet, and missing it would commit that epoch twice.
-
-    The consumer that reads the markers connects (a round trip or two) while the offsets are
-    asked for: the Spark bridge opens the sink for every micro-batch it commits.
-    """
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="laminar-epochs") as pool:
-        connecting = pool.submit(_epochs_consumer, settings)
-        try:
-            return _read_last_committed_epoch(settings, admin, partitions, connecting)
-        finally:
-            with contextlib.suppress(Exception):  # its failure to open was raised above
-                connecting.result().close()
-
-
 def _epochs_consumer(settings: SinkSettings) -> Consumer:
     """A consumer of ``epochs.topic``, read committed, that knows the partitions' leaders."""
     consumer = new_consumer(
         settings.client,
         client_config(
             settings.client,
-            {"fetch.wait.max.ms": 10},
+            # Reading ends at an end-of-partition event, which comes with an empty fetch.
+            {"fetch.wait.max.ms": 1},
             {
                 "group.id": f"laminar-epochs-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
@@ -887,6 +893,13 @@ def _read_last_committed_epoch(
     partitions: list[int],
     connecting: concurrent.futures.Future[Consumer],
 ) -> int:
+    """The newest epoch this sink committed, from its markers (``-1`` when none).
+
+    Read committed, up to the high watermark taken now, after waiting until no transaction
+    begun earlier is still open there: a committed marker behind another producer's open
+    transaction is not visible yet, and missing it would commit that epoch twice. Call it
+    after fencing older instances, with ``connecting`` the reading consumer being made.
+    """
     ends = _latest_offsets(settings, admin, partitions, IsolationLevel.READ_UNCOMMITTED)
     if not any(ends.values()):
         return -1  # nothing was ever written there: no sink committed an epoch yet

@@ -20,12 +20,11 @@ from typing import Any
 
 import pyarrow as pa
 from laminar_sdk import (
-    ConnectorConfig,
     EpochCoordinator,
     FileCheckpointer,
+    ForwardingSink,
     ProtocolStep,
     SinkConnector,
-    SinkConnectorCapabilities,
     WriteResult,
     load_connector_registry,
 )
@@ -53,11 +52,11 @@ def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class KillingSink(SinkConnector):
+class KillingSink(ForwardingSink):
     """The real sink, with the process killed before or after one call of one epoch."""
 
     def __init__(self, sink: SinkConnector, kill: dict[str, Any] | None) -> None:
-        self._sink = sink
+        super().__init__(sink)
         self._kill = kill or {}
         self._epoch = -1
 
@@ -70,36 +69,24 @@ class KillingSink(SinkConnector):
             die()
         return result
 
-    async def open(self, config: ConnectorConfig) -> None:
-        await self._sink.open(config)
-
-    def schema(self) -> pa.Schema:
-        return self._sink.schema()
-
     async def begin_epoch(self, epoch: int) -> None:
         self._epoch = epoch
-        await self._call("begin_epoch", epoch, lambda: self._sink.begin_epoch(epoch))
+        await self._call("begin_epoch", epoch, lambda: self.wrapped.begin_epoch(epoch))
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         result: WriteResult = await self._call(
-            "write_batch", self._epoch, lambda: self._sink.write_batch(batch)
+            "write_batch", self._epoch, lambda: self.wrapped.write_batch(batch)
         )
         return result
 
     async def pre_commit(self, epoch: int) -> None:
-        await self._call("pre_commit", epoch, lambda: self._sink.pre_commit(epoch))
+        await self._call("pre_commit", epoch, lambda: self.wrapped.pre_commit(epoch))
 
     async def commit_epoch(self, epoch: int) -> None:
-        await self._call("commit_epoch", epoch, lambda: self._sink.commit_epoch(epoch))
+        await self._call("commit_epoch", epoch, lambda: self.wrapped.commit_epoch(epoch))
 
     async def rollback_epoch(self, epoch: int) -> None:
-        await self._call("rollback_epoch", epoch, lambda: self._sink.rollback_epoch(epoch))
-
-    def capabilities(self) -> SinkConnectorCapabilities:
-        return self._sink.capabilities()
-
-    async def close(self) -> None:
-        await self._sink.close()
+        await self._call("rollback_epoch", epoch, lambda: self.wrapped.rollback_epoch(epoch))
 
 
 async def main(arguments: dict[str, Any]) -> None:
