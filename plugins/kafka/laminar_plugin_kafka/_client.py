@@ -244,15 +244,24 @@ def new_producer(settings: ClientSettings, config: dict[str, Any]) -> Producer:
         raise _configuration_error(settings, "producer", error) from error
 
 
-def new_admin(settings: ClientSettings) -> AdminClient:
-    """An admin client for the brokers of ``settings``.
+def new_admin(settings: ClientSettings, topics: set[str]) -> AdminClient:
+    """An admin client for the brokers of ``settings``, connected, knowing ``topics``' leaders.
+
+    Connected before it is handed out: an offset query made while a new client is between
+    the bootstrap server and the broker it learned of finds no broker to ask for the leaders
+    and waits for librdkafka's one-second timer (seen with librdkafka 2.16: one, sometimes
+    three seconds).
+
+    Blocking: call it in a worker thread.
 
     :raises ConfigurationError: when librdkafka refuses a setting.
     """
     try:
-        return AdminClient(client_config(settings, {}, {}))
+        admin = AdminClient(client_config(settings, {}, {}))
     except KafkaException as error:
         raise _configuration_error(settings, "admin client", error) from error
+    know_leaders(settings, admin, topics)
+    return admin
 
 
 def consume_ready(consumer: Consumer, count: int, wait_s: float) -> list[Message]:

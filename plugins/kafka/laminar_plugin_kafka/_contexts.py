@@ -26,7 +26,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import NewTopic
+from confluent_kafka.admin import NewTopic, OffsetSpec
 from laminar_sdk import ConnectorConfig, ReadError
 
 from laminar_plugin_kafka._client import (
@@ -83,7 +83,7 @@ class _Topics:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self.settings = _settings(bootstrap)
-        self.admin = new_admin(self.settings)
+        self.admin = new_admin(self.settings, set())
         self._fresh: dict[int, list[str]] = {}
         self._used: list[str] = []
         self._producer: Producer | None = None
@@ -113,6 +113,12 @@ class _Topics:
         return names
 
     def _ready(self, names: list[str], partitions: int) -> bool:
+        """Whether clients see every partition of ``names`` with a leader that answers.
+
+        The metadata names a leader before the broker has made the partition's log; until
+        it has, offset queries fail with NOT_LEADER_FOR_PARTITION, and the connectors retry
+        them, once with librdkafka's backoff of up to seconds.
+        """
         topics = self.admin.list_topics(timeout=_TIMEOUT_S).topics
         for name in names:
             topic = topics.get(name)
@@ -120,7 +126,12 @@ class _Topics:
                 return False
             if any(partition.leader < 0 for partition in topic.partitions.values()):
                 return False
-        return True
+        futures = self.admin.list_offsets(
+            {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in range(partitions)},
+            request_timeout=_TIMEOUT_S,
+        )
+        concurrent.futures.wait(list(futures.values()))
+        return all(future.exception() is None for future in futures.values())
 
     def release(self, *names: str) -> None:
         """Delete ``names`` (those that exist) with the next batch."""

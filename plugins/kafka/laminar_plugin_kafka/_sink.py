@@ -250,12 +250,12 @@ class KafkaSink(SinkConnector):
         if not settings.exactly_once:
             _check_topic(writer)
             return
-        admin = writer.admin = new_admin(settings.client)
         with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="laminar-open") as pool:
-            pool.submit(know_leaders, settings.client, admin, {settings.epochs_topic})
+            admin_connecting = pool.submit(new_admin, settings.client, {settings.epochs_topic})
             connecting = pool.submit(_epochs_consumer, settings)
             try:
                 metadata = _check_topic(writer)
+                admin = writer.admin = admin_connecting.result()
                 partitions = _epochs_partitions(settings, admin, metadata)
                 _init_transactions(writer)
                 writer.last_committed = _read_last_committed_epoch(

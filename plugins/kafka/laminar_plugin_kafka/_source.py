@@ -152,10 +152,13 @@ class _Reader:
     failure: BaseException | None = None
     admin: AdminClient | None = None
 
-    def offsets_client(self) -> AdminClient:
-        """The client that asks for offsets (made on first use; see ``offset_bounds``)."""
+    def offsets_client(self, topics: set[str]) -> AdminClient:
+        """The client that asks for offsets (made on first use, for ``topics``).
+
+        See ``offset_bounds`` for why not the consumer.
+        """
         if self.admin is None:
-            self.admin = new_admin(self.settings.client)
+            self.admin = new_admin(self.settings.client, topics)
         return self.admin
 
     def has_buffered(self) -> bool:
@@ -632,7 +635,8 @@ def _bounds(reader: _Reader, keys: list[PartitionKey]) -> dict[PartitionKey, tup
         if reader.settings.read_committed
         else IsolationLevel.READ_UNCOMMITTED
     )
-    return offset_bounds(reader.settings.client, reader.offsets_client(), keys, level, ReadError)
+    admin = reader.offsets_client({topic for topic, _ in keys})
+    return offset_bounds(reader.settings.client, admin, keys, level, ReadError)
 
 
 def _fair_share(
