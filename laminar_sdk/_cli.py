@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
-from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._errors import ConfigurationError, LaminarError
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
@@ -20,17 +19,7 @@ from laminar_sdk._terminal import format_table
 
 
 def _capabilities(spec: ConnectorSpec) -> str:
-    connector = spec.create()
-    if isinstance(connector, SinkConnector):
-        names = list(connector.capabilities().names())
-        if connector.as_distributed_commit() is not None:
-            names.append("distributed_commit")
-    else:
-        assert isinstance(connector, SourceConnector)
-        names = ["replay"] if connector.supports_replay() else ["no-replay"]
-        if connector.as_range_readable() is not None:
-            names.append("range_readable")
-    return ",".join(names) or "-"
+    return ",".join(spec.capability_names()) or "-"
 
 
 def _plugins_list(_args: argparse.Namespace) -> int:
@@ -40,7 +29,13 @@ def _plugins_list(_args: argparse.Namespace) -> int:
         return 0
     rows = [("CONNECTOR", "ROLE", "DISTRIBUTION", "VERSION", "CAPABILITIES")]
     rows += [
-        (spec.name, str(spec.role), spec.distribution, spec.version, _capabilities(spec))
+        (
+            spec.name,
+            str(spec.role),
+            spec.distribution,
+            spec.version,
+            _capabilities(spec),
+        )
         for spec in registry
     ]
     print(format_table(rows))

@@ -58,6 +58,27 @@ class ConnectorSpec:
             )
         return connector
 
+    def capability_names(self) -> tuple[str, ...]:
+        """What the connector says it can do, as ``laminar plugins list`` shows it.
+
+        A sink's declared capabilities, then ``distributed_commit`` when it offers
+        :meth:`SinkConnector.as_distributed_commit`; a source's ``replay`` (or
+        ``no-replay``), then ``range_readable`` when it offers
+        :meth:`SourceConnector.as_range_readable`.
+
+        :raises PluginError: when the factory fails (see :meth:`create`).
+        """
+        connector = self.create()
+        if isinstance(connector, SinkConnector):
+            names = list(connector.capabilities().names())
+            if connector.as_distributed_commit() is not None:
+                names.append("distributed_commit")
+        else:
+            names = ["replay" if connector.supports_replay() else "no-replay"]
+            if connector.as_range_readable() is not None:
+                names.append("range_readable")
+        return tuple(names)
+
     def configure(self, properties: Mapping[str, str]) -> ConnectorConfig:
         """Validate ``properties`` against the declared keys and fill in defaults.
 

@@ -331,3 +331,18 @@ def test_importing_the_sdk_loads_no_plugins(tmp_path):
         "assert 'laminar_sdk.reference' not in sys.modules, 'plugins loaded at import time'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_capability_names_include_the_opt_in_extensions():
+    registry = load_connector_registry()
+    assert registry.get("generator", ConnectorRole.SOURCE).capability_names() == (
+        "replay",
+        "range_readable",
+    )
+    assert registry.get("memory", ConnectorRole.SINK).capability_names() == (
+        "exactly_once",
+        "idempotent",
+        "two_phase_commit",
+        "distributed_commit",
+    )
+    assert registry.get("null", ConnectorRole.SINK).capability_names() == ("partitioned",)

@@ -25,7 +25,7 @@ import pytest
 from laminar_conformance._profiles import PROFILES, Profile
 from laminar_conformance._report import ReportCollector, RunDescription, write_report
 from laminar_conformance.contexts import ConformancePlugins
-from laminar_sdk import ConnectorRole, ConnectorSpec, LaminarError, SinkConnector
+from laminar_sdk import ConnectorRole, ConnectorSpec, LaminarError
 
 PYTEST_PLUGIN_NAME = "laminar_conformance"
 """The name of the kit's ``pytest11`` entry point (blocked here: the module is loaded by name)."""
@@ -88,13 +88,6 @@ def _spark_plan(args: argparse.Namespace, profile: Profile) -> str:
     )
 
 
-def _capabilities(spec: ConnectorSpec) -> tuple[str, ...]:
-    connector = spec.create()
-    if isinstance(connector, SinkConnector):
-        return connector.capabilities().names()
-    return ("replay",) if connector.supports_replay() else ("no-replay",)
-
-
 def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) -> str:
     parts = ["laminar conformance run", spec.name, "--role", str(spec.role), "--seed", str(seed)]
     if args.profile != "quick":
@@ -118,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         connector=spec.name,
         role=str(spec.role),
         distribution=f"{spec.distribution} {spec.version}".strip(),
-        capabilities=_capabilities(spec),
+        capabilities=spec.capability_names(),
         profile=args.profile,
         seed=seed,
         replay_command=replay,

@@ -37,12 +37,15 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
         "--report", str(report), "--junitxml", str(junit), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
-    assert "capabilities: exactly_once, idempotent, two_phase_commit" in result.stdout
+    assert (
+        "capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit"
+        in result.stdout
+    )
     assert "test_epoch_protocol_state_machine PASSED" in result.stdout, "pytest's progress"
     assert "warning" not in result.stdout.lower(), "a clean run prints no warnings"
     text = report.read_text()
     assert "**Result: PASSED**" in text
-    assert "- Capabilities: exactly_once, idempotent, two_phase_commit" in text
+    assert "- Capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit" in text
     assert "- Replay: `laminar conformance run memory --role sink --seed 5`" in text
     assert "- Spark layer: not run (--no-spark)" in text
     assert (
