@@ -355,8 +355,12 @@ class KafkaSourceContext:
         if self._producer.flush(_TIMEOUT_S):
             raise RuntimeError(f"{_CONTEXT}: records to {self._topic} not acknowledged")
 
-    def ids(self, records: pa.RecordBatch) -> list[int]:
-        """The ``value`` column, as integers."""
+    @staticmethod
+    def ids(records: pa.RecordBatch) -> list[int]:
+        """The ``value`` column, as integers.
+
+        Static: the kit ships it to Spark's executors, which cannot take the clients.
+        """
         return [int(value) for value in records.column("value").to_pylist()]
 
     def close(self) -> None:
