@@ -86,6 +86,18 @@ class _Settings:
     pattern: str
     batch_size: int
 
+    def batches(self, name: str, skip: int) -> Generator[pa.RecordBatch, None, None]:
+        """The batches of file ``name`` after its first ``skip`` rows."""
+        return file_batches(
+            _LABEL,
+            self.location,
+            name,
+            file_format=self.file_format,
+            schema=self.schema,
+            batch_size=self.batch_size,
+            skip=skip,
+        )
+
 
 class _OpenFile:
     """The file being read: hands out exactly the rows asked for, and knows when it is done.
@@ -286,15 +298,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
         if following is None:
             return None
         name, skip = following
-        batches = file_batches(
-            _LABEL,
-            settings.location,
-            name,
-            file_format=settings.file_format,
-            schema=settings.schema,
-            batch_size=settings.batch_size,
-            skip=skip,
-        )
+        batches = settings.batches(name, skip)
         self._current = _OpenFile(name, settings.schema, batches, skip)
         return self._current
 
@@ -389,15 +393,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
             if name > end.file:
                 break
             wanted = None if name != end.file or end.rows is None else end.rows - skip
-            batches = file_batches(
-                _LABEL,
-                settings.location,
-                name,
-                file_format=settings.file_format,
-                schema=settings.schema,
-                batch_size=settings.batch_size,
-                skip=skip,
-            )
+            batches = settings.batches(name, skip)
             read = 0
             try:
                 with contextlib.closing(batches):
