@@ -20,7 +20,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import AdminClient, ClusterMetadata, OffsetSpec, TopicMetadata
 from laminar_sdk import (
     CheckpointError,
     ConfigurationError,
@@ -279,6 +279,25 @@ def consume_ready(consumer: Consumer, count: int, wait_s: float) -> list[Message
     if count <= 1:
         return [first]
     return [first, *consumer.consume(count - 1, 0)]
+
+
+def require_topic(
+    settings: ClientSettings, metadata: ClusterMetadata, name: str, *, action: str, key: str
+) -> TopicMetadata:
+    """Topic ``name`` in ``metadata``, checked to exist without an error.
+
+    :raises ConfigurationError: on ``key``, saying the connector cannot ``action`` the topic.
+    """
+    topic = metadata.topics.get(name)
+    problem = None if topic is None else topic.error
+    if topic is None or problem is not None:
+        reason = "it does not exist" if problem is None else describe(settings, problem)
+        raise ConfigurationError(
+            f"{settings.connector}: cannot {action} topic {name!r} at bootstrap.servers="
+            f"{settings.bootstrap_servers}: {reason}; create it or fix the name",
+            key=key,
+        )
+    return topic
 
 
 def know_leaders(

@@ -83,6 +83,7 @@ from laminar_plugin_kafka._client import (
     new_consumer,
     new_producer,
     read_until,
+    require_topic,
     unreachable,
 )
 from laminar_plugin_kafka._config import SINK_KEYS, SINK_NAME, SinkSettings, sink_settings
@@ -500,15 +501,7 @@ def _check_topic(writer: _Writer) -> ClusterMetadata:
         raise client_error(
             settings.client, "read the cluster's metadata", error, WriteError
         ) from error
-    topic = metadata.topics.get(settings.topic)
-    problem = None if topic is None else topic.error
-    if topic is None or problem is not None:
-        reason = "it does not exist" if problem is None else describe(settings.client, problem)
-        raise ConfigurationError(
-            f"{SINK_NAME}: cannot write to topic {settings.topic!r} at bootstrap.servers="
-            f"{settings.client.bootstrap_servers}: {reason}; create it or fix the name",
-            key="topic",
-        )
+    require_topic(settings.client, metadata, settings.topic, action="write to", key="topic")
     return metadata
 
 

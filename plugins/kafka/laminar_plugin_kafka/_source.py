@@ -26,7 +26,6 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from laminar_sdk import (
     ConfigKeySpec,
-    ConfigurationError,
     ConnectorConfig,
     ConnectorMetrics,
     HealthStatus,
@@ -56,6 +55,7 @@ from laminar_plugin_kafka._client import (
     partition_key,
     raise_for_consumer_error,
     read_until,
+    require_topic,
 )
 from laminar_plugin_kafka._config import SOURCE_KEYS, SOURCE_NAME, SourceSettings, source_settings
 from laminar_plugin_kafka._records import records_batch, source_schema
@@ -108,16 +108,9 @@ def discover_partitions(settings: SourceSettings, consumer: Consumer) -> list[Pa
     else:
         names = list(settings.topics)
     found: list[PartitionKey] = []
+    key = "topics" if len(settings.topics) > 1 else "topic"
     for name in sorted(names):
-        topic = metadata.topics.get(name)
-        problem = None if topic is None else topic.error
-        if topic is None or problem is not None:
-            reason = "it does not exist" if problem is None else describe(settings.client, problem)
-            raise ConfigurationError(
-                f"{SOURCE_NAME}: cannot read topic {name!r} at bootstrap.servers="
-                f"{settings.client.bootstrap_servers}: {reason}; create it or fix the name",
-                key="topics" if len(settings.topics) > 1 else "topic",
-            )
+        topic = require_topic(settings.client, metadata, name, action="read", key=key)
         found.extend((name, number) for number in sorted(topic.partitions))
     return found
 
