@@ -91,7 +91,13 @@ from laminar_plugin_kafka._records import OutgoingRecords, outgoing_records
 
 logger = logging.getLogger("laminar_plugin_kafka")
 
-_PRODUCER_DEFAULTS = {"linger.ms": 5}
+_PRODUCER_DEFAULTS = {"linger.ms": 5, "queue.buffering.max.messages": 1_000_000}
+"""Producer settings ``kafka.*`` keys override. An epoch is produced in one go and flushed at
+``pre_commit``, so the queue holds up to an epoch's records: with librdkafka's default bound
+(100000 records) producing a large epoch kept waiting for the brokers to acknowledge the
+first records before it could queue the rest (250000 records of 100 bytes: ~0.25 s of
+``produce`` calls, ~0.13 s with room for all of them). Memory stays bounded by
+``queue.buffering.max.kbytes`` (librdkafka: 1 GiB)."""
 _STAGED = re.compile(r"epoch-(\d+)\.arrow")
 _QUEUE_FULL_WAIT_S = 0.05
 _STABLE_WAIT_S = 0.1

@@ -9,10 +9,17 @@ import time
 
 import pyarrow as pa
 import pytest
-from laminar_sdk import ConfigurationError, ConnectionFailed, ConnectorRole, SchemaMismatch
+from laminar_sdk import (
+    ConfigurationError,
+    ConnectionFailed,
+    ConnectorConfig,
+    ConnectorRole,
+    SchemaMismatch,
+)
 
 from laminar_plugin_kafka._client import LIBRDKAFKA_LOGGER, client_config
-from laminar_plugin_kafka._config import ClientSettings
+from laminar_plugin_kafka._config import ClientSettings, sink_settings
+from laminar_plugin_kafka._sink import _Deliveries, _producer_config
 
 SECRET = "hunter2-not-for-logs"
 
@@ -187,6 +194,21 @@ def test_every_client_connects_promptly_unless_a_kafka_key_says_otherwise():
     assert client_config(settings, {}, {})["reconnect.backoff.ms"] == 20
     chosen = ClientSettings("kafka sink", "localhost:9092", {"reconnect.backoff.ms": "250"}, (), 1)
     assert client_config(chosen, {}, {})["reconnect.backoff.ms"] == "250"
+
+
+def test_the_producer_has_room_for_a_whole_epoch_unless_a_kafka_key_says_otherwise():
+    # An epoch is flushed at pre_commit: with librdkafka's 100000-record queue, producing a
+    # larger epoch stalled on the brokers' acknowledgements midway.
+    def queue_bound(config: dict[str, str]) -> object:
+        settings = sink_settings(
+            ConnectorConfig(
+                "kafka", {"bootstrap.servers": "b:9092", "topic": "t", "staging.dir": "s", **config}
+            )
+        )
+        return _producer_config(settings, _Deliveries())["queue.buffering.max.messages"]
+
+    assert queue_bound({}) == 1_000_000
+    assert queue_bound({"kafka.queue.buffering.max.messages": "5000"}) == "5000"
 
 
 def test_librdkafka_notes_about_keys_for_the_other_kind_of_client_are_dropped(caplog):
