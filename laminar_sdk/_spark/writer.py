@@ -24,7 +24,10 @@ tasks, in parallel:
 Any other sink is written in ``commit``, by one instance:
 
 - ``write`` conforms each Arrow batch to the sink's schema and ships the task's batches, as
-  one Arrow IPC stream, to the driver in its commit message;
+  one LZ4-compressed Arrow IPC stream, to the driver in its commit message. A commit message
+  is copied several times on its way through the JVM to the committing Python worker: two
+  tasks' 12 MB each took 0.15 to 0.25 s to arrive, while compressing 12 MB takes 5 to 10 ms
+  (JSON records shrink to a quarter; data that does not compress costs those milliseconds);
 - ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
   one that was not), skips an epoch committed already, and otherwise runs the epoch:
   ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →
@@ -69,6 +72,12 @@ logger = logging.getLogger("laminar_sdk.spark")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The task-local property holding the streaming query's id (kept in Spark's checkpoint)."""
+
+
+MESSAGE_IPC_OPTIONS = pa.ipc.IpcWriteOptions(
+    compression="lz4" if pa.Codec.is_available("lz4") else None
+)
+"""How a write task serializes its batches for a one-instance commit (see the module doc)."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             return self._stage(iterator, context, query_id)
         sink = pa.BufferOutputStream()
         rows = 0
-        with pa.ipc.new_stream(sink, self._schema) as stream:
+        with pa.ipc.new_stream(sink, self._schema, options=MESSAGE_IPC_OPTIONS) as stream:
             for batch in self._conformed(iterator):
                 stream.write_batch(batch)
                 rows += batch.num_rows

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
 
 from laminar_sdk._spark.arrow import spark_schema
+from laminar_sdk._spark.writer import ArrowBatchesMessage
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 from laminar_sdk.spark import LaminarDataSource
 
@@ -133,3 +134,20 @@ def test_a_stream_whose_columns_do_not_fit_the_sink_fails_before_writing(
         r"expected \(id, partition, value\)",
     ):
         query.awaitTermination(60)
+
+
+def test_a_write_task_ships_its_batches_compressed_and_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The commit message crosses the JVM on its way to the committing worker, copied several
+    # times: its size is what a micro-batch waits for.
+    monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
+    schema: StructType = spark_schema(IDS_SCHEMA, "generator")
+    writer = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
+    batches = [_ids_batch(0, 20_000), _ids_batch(20_000, 5)]
+
+    message = writer.write(iter(batches))
+
+    assert isinstance(message, ArrowBatchesMessage)
+    assert list(message.batches()) == batches
+    assert len(message.payload) < sum(batch.nbytes for batch in batches) / 4
