@@ -2,7 +2,8 @@
 
 One run starts a Kafka broker (``laminar_conformance.services.kafka_service()``: the cluster
 named by ``LAMINAR_KAFKA_BOOTSTRAP``, else a local one), produces N messages of ``--size``
-bytes to an input topic of ``--partitions`` partitions, and times four ways to move them:
+bytes (a sequence number, then random bytes: they do not compress) to an input topic of
+``--partitions`` partitions, and times four ways to move them:
 
 - laminar pipeline: ``format("laminar")`` ``kafka`` source -> ``kafka`` sink on Spark
   ``local[2]``, exactly once (a Kafka transaction per micro-batch);
@@ -73,6 +74,10 @@ from laminar_sdk.spark import build_session
 
 TARGET = 0.8
 SEQUENCE_DIGITS = 12  # each value starts with its sequence number, so duplicates show
+# The rest of a value is random bytes, cut from a pool far larger than LZ4's 64 KiB window at
+# spread-out places: values do not compress, so no variant gains by compressing what it moves.
+PADDING_POOL = 1 << 24
+PADDING_STRIDE = 7919
 FETCH = 10_000  # messages per consume() call, as the kafka source's batch.size default
 SPARK_KAFKA_ARTIFACT = "org.apache.spark:spark-sql-kafka-0-10_2.13"
 TIMEOUT_S = 600.0
@@ -162,10 +167,12 @@ def produce(bootstrap: str, topic: str, messages: int, size: int, partitions: in
             "queue.buffering.max.messages": 500_000,
         }
     )
-    padding = b"x" * (size - SEQUENCE_DIGITS)
+    padding = size - SEQUENCE_DIGITS
+    pool = os.urandom(PADDING_POOL + padding)
     began = time.perf_counter()
     for sequence in range(messages):
-        value = b"%012d" % sequence + padding
+        start = sequence * PADDING_STRIDE % PADDING_POOL
+        value = b"%012d" % sequence + pool[start : start + padding]
         while True:
             try:
                 producer.produce(topic, value, partition=sequence % partitions)
