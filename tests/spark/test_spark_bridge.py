@@ -13,7 +13,7 @@ from pyspark.sql.types import StructType
 from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
 
 from laminar_sdk._spark.arrow import spark_schema
-from laminar_sdk._spark.writer import ArrowBatchesMessage
+from laminar_sdk._spark.writer import ArrowBatchesMessage, LaminarStreamWriter
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 from laminar_sdk.spark import LaminarDataSource
 
@@ -45,6 +45,12 @@ def _writer_options(tmp_path: Path) -> CaseInsensitiveDict:
     )
 
 
+def _ids_writer(tmp_path: Path) -> LaminarStreamWriter:
+    """A new writer instance of a stream of ids into the memory sink, as Spark makes one."""
+    schema: StructType = spark_schema(IDS_SCHEMA, "generator")
+    return LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
+
+
 def _ids_batch(first: int, count: int) -> pa.RecordBatch:
     ids = list(range(first, first + count))
     return pa.RecordBatch.from_pydict(
@@ -59,14 +65,12 @@ def test_a_redelivered_micro_batch_is_committed_once(
     # log said so: the same batch id through a new writer instance, in a new process. The
     # memory sink as a seed-contract sink (one writer per epoch, no distributed commit).
     monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
-    schema: StructType = spark_schema(IDS_SCHEMA, "generator")
-    writer = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
+    writer = _ids_writer(tmp_path)
     first = writer.write(iter([_ids_batch(0, 5), _ids_batch(5, 5)]))
     second = writer.write(iter([_ids_batch(10, 3)]))
 
     for _ in range(2):
-        again = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
-        again.commit([first, second], 0)
+        _ids_writer(tmp_path).commit([first, second], 0)
 
     assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == list(range(13))
     assert committed_epochs(tmp_path) == ["epoch-0"]
@@ -142,11 +146,9 @@ def test_a_write_task_ships_its_batches_compressed_and_whole(
     # The commit message crosses the JVM on its way to the committing worker, copied several
     # times: its size is what a micro-batch waits for.
     monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
-    schema: StructType = spark_schema(IDS_SCHEMA, "generator")
-    writer = LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
     batches = [_ids_batch(0, 20_000), _ids_batch(20_000, 5)]
 
-    message = writer.write(iter(batches))
+    message = _ids_writer(tmp_path).write(iter(batches))
 
     assert isinstance(message, ArrowBatchesMessage)
     assert list(message.batches()) == batches
