@@ -29,13 +29,7 @@ def _plugins_list(_args: argparse.Namespace) -> int:
         return 0
     rows = [("CONNECTOR", "ROLE", "DISTRIBUTION", "VERSION", "CAPABILITIES")]
     rows += [
-        (
-            spec.name,
-            str(spec.role),
-            spec.distribution,
-            spec.version,
-            _capabilities(spec),
-        )
+        (spec.name, str(spec.role), spec.distribution, spec.version, _capabilities(spec))
         for spec in registry
     ]
     print(format_table(rows))

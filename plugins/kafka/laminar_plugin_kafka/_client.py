@@ -245,12 +245,13 @@ def new_producer(settings: ClientSettings, config: dict[str, Any]) -> Producer:
 
 
 def new_admin(settings: ClientSettings, topics: set[str]) -> AdminClient:
-    """An admin client for the brokers of ``settings``, connected, knowing ``topics``' leaders.
+    """An admin client for the brokers of ``settings``, knowing ``topics``' leaders.
 
-    Connected before it is handed out: an offset query made while a new client is between
-    the bootstrap server and the broker it learned of finds no broker to ask for the leaders
-    and waits for librdkafka's one-second timer (seen with librdkafka 2.16: one, sometimes
-    three seconds).
+    With ``topics`` named, it has asked for their metadata (and so is connected) before it is
+    handed out: an offset query made while a new client is between the bootstrap server and
+    the broker it learned of finds no broker to ask for the leaders and waits for
+    librdkafka's one-second timer (seen with librdkafka 2.16: one, sometimes three seconds).
+    With none, nothing is asked.
 
     Blocking: call it in a worker thread.
 
