@@ -102,17 +102,9 @@ _STAGED = re.compile(r"epoch-(\d+)\.arrow")
 _QUEUE_FULL_WAIT_S = 0.05
 _STABLE_WAIT_S = 0.1
 _VISIBLE_WAIT_S = 0.005
-# init_transactions: how long one producer waits for an answer before a fresh one asks again,
-# and how many fresh ones at most, while an older instance's transaction is being aborted.
-_INIT_WAIT_S = 0.05
-_INIT_REPLACEMENTS = 10
-_INIT_AGAIN = frozenset(
-    {
-        KafkaError._TIMED_OUT,
-        KafkaError.CONCURRENT_TRANSACTIONS,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-    }
-)
+# init_transactions is called in slices this long: each call that finds the coordinator busy
+# (aborting an older instance's transaction) makes librdkafka ask again at once.
+_INIT_SLICE_S = 0.01
 # The marker topic keeps one record per sink (compaction) and a short uncompacted tail.
 _EPOCHS_TOPIC_CONFIG = {
     "cleanup.policy": "compact",
@@ -241,7 +233,7 @@ class KafkaSink(SinkConnector):
         try:
             await asyncio.to_thread(self._prepare, writer)
         except BaseException:
-            writer.producer.purge()  # _prepare may have replaced the producer
+            writer.producer.purge()
             raise
         self._exactly_once = settings.exactly_once
         self._lifecycle.open(writer)
@@ -516,41 +508,30 @@ def _init_transactions(writer: _Writer) -> None:
 
     When an older instance left a transaction open, the coordinator answers
     ``CONCURRENT_TRANSACTIONS`` while it aborts that transaction (milliseconds), and
-    librdkafka asks again only after a fixed 500 ms. So a call waits briefly first; if the
-    coordinator was busy aborting, a fresh producer (same transactional id) asks again at
-    once. Either way this instance owns the transactional id afterwards.
+    librdkafka asks again only after a fixed 500 ms. A call to ``init_transactions`` that
+    timed out may be made again to resume, and asks again at once (librdkafka's documented
+    resume path; it never has two requests out). So the call is made in slices of
+    :data:`_INIT_SLICE_S`, again after each retriable error (a busy or moving coordinator,
+    no answer yet), until the producer id comes or the timeout runs out: a busy
+    coordinator costs a few milliseconds, not half a second.
 
     :raises ConnectionFailed: when the brokers do not answer within the timeout.
     :raises TransactionError: when the coordinator refuses.
     """
     settings = writer.settings
     deadline = time.monotonic() + settings.client.timeout_s
-    replaced = 0
     while True:
         remaining = max(0.0, deadline - time.monotonic())
-        brief = replaced < _INIT_REPLACEMENTS
         try:
             with fatal_errors_unwrapped():
-                writer.producer.init_transactions(
-                    min(_INIT_WAIT_S, remaining) if brief else remaining
-                )
+                writer.producer.init_transactions(min(_INIT_SLICE_S, remaining))
         except KafkaException as error:
             found = kafka_error(error)
-            code = None if found is None or found.fatal() else found.code()
-            if deadline <= time.monotonic() or code not in _INIT_AGAIN:
+            again = found is not None and found.retriable() and not found.fatal()
+            if deadline <= time.monotonic() or not again:
                 raise _transaction_error(
                     settings, "initialise the transactional producer", error
                 ) from error
-            if code == KafkaError.CONCURRENT_TRANSACTIONS and brief:
-                # This producer would ask again only in 500 ms: replace it. (Dropping the last
-                # reference destroys the client; it has nothing queued.)
-                replaced += 1
-                writer.producer = new_producer(
-                    settings.client, _producer_config(settings, writer.deliveries)
-                )
-                know_leaders(settings.client, writer.producer, {settings.topic})
-            elif code != KafkaError.CONCURRENT_TRANSACTIONS:
-                replaced = _INIT_REPLACEMENTS  # no answer yet: wait for it, however long
             continue
         return
 
