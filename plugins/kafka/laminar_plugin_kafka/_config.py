@@ -505,7 +505,21 @@ def sink_settings(config: ConnectorConfig) -> SinkSettings:
         key_column=key_column,
         value_column=value_column,
         partition_column=partition_column,
-        epochs_topic=config.get("epochs.topic") or f"{topic}.laminar-epochs",
+        epochs_topic=config.get("epochs.topic") or default_epochs_topic(topic),
         create_epochs_topic=bool(config.get_parsed("epochs.topic.create", bool, True)),
         flush_timeout_s=_positive(config, "flush.timeout.ms") / 1000,
     )
+
+
+def default_epochs_topic(topic: str) -> str:
+    """The sink's ``epochs.topic`` when the key is not set: ``TOPIC.laminar-epochs``."""
+    return f"{topic}.laminar-epochs"
+
+
+EPOCHS_TOPIC_CONFIG: Mapping[str, str] = {
+    "cleanup.policy": "compact",
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+"""How the sink creates ``epochs.topic`` when it is missing (``epochs.topic.create``): it keeps
+one marker per sink (compaction) and a short uncompacted tail."""

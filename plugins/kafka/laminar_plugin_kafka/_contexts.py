@@ -39,7 +39,7 @@ from laminar_plugin_kafka._client import (
     new_admin,
     raise_for_consumer_error,
 )
-from laminar_plugin_kafka._config import ClientSettings
+from laminar_plugin_kafka._config import EPOCHS_TOPIC_CONFIG, ClientSettings, default_epochs_topic
 
 SINK_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary())])
 """The ``kafka`` sink's default schema, which the sink context writes."""
@@ -77,57 +77,71 @@ class _Topics:
     A conformance run makes hundreds of contexts, each with a fresh topic. Creating topics
     :data:`_BATCH` at a time (one request, one wait for their leaders), and deleting the used
     ones :data:`_BATCH` at a time, costs a round trip per batch instead of per context. A
-    topic is handed out once, never written before. Also holds one producer for appending.
+    topic is handed out once, never written before. A sink's topic comes with its default
+    ``epochs.topic``, made as the sink would make it, so that the sink's first open in each
+    case does not wait for a topic of its own to be created. Also holds one producer for
+    appending.
     """
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self.settings = _settings(bootstrap)
         self.admin = new_admin(self.settings, set())
-        self._fresh: dict[int, list[str]] = {}
+        self._fresh: dict[tuple[int, bool], list[str]] = {}
         self._used: list[str] = []
         self._producer: Producer | None = None
 
-    def take(self, partitions: int) -> str:
-        """A fresh, empty topic of ``partitions`` partitions, each with a leader."""
-        fresh = self._fresh.setdefault(partitions, [])
+    def take(self, partitions: int, *, with_epochs_topic: bool = False) -> str:
+        """A fresh, empty topic of ``partitions`` partitions, each with a leader.
+
+        :param with_epochs_topic: also make the topic's default ``epochs.topic`` (empty).
+        """
+        fresh = self._fresh.setdefault((partitions, with_epochs_topic), [])
         if not fresh:
-            fresh.extend(self._create(partitions))
+            fresh.extend(self._create(partitions, with_epochs_topic=with_epochs_topic))
         return fresh.pop()
 
-    def _create(self, partitions: int) -> list[str]:
+    def _create(self, partitions: int, *, with_epochs_topic: bool) -> list[str]:
         names = [f"laminar-conformance-{uuid.uuid4().hex[:16]}" for _ in range(_BATCH)]
-        futures = self.admin.create_topics(
-            [NewTopic(name, num_partitions=partitions) for name in names],
-            request_timeout=_TIMEOUT_S,
-        )
+        new = [NewTopic(name, num_partitions=partitions) for name in names]
+        if with_epochs_topic:
+            new += [
+                NewTopic(default_epochs_topic(name), 1, config=dict(EPOCHS_TOPIC_CONFIG))
+                for name in names
+            ]
+        futures = self.admin.create_topics(new, request_timeout=_TIMEOUT_S)
         for future in futures.values():
             future.result(timeout=_TIMEOUT_S)
         # The broker's metadata lags the creation: wait until clients see the topics, and a
         # leader for each partition.
         deadline = time.monotonic() + _TIMEOUT_S
-        while not self._ready(names, partitions):
+        while not self._ready({topic.topic: topic.num_partitions for topic in new}):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{_CONTEXT}: topics {names} did not become ready")
             time.sleep(_VISIBLE_POLL_S)
         return names
 
-    def _ready(self, names: list[str], partitions: int) -> bool:
-        """Whether clients see every partition of ``names`` with a leader that answers.
+    def _ready(self, partitions: dict[str, int]) -> bool:
+        """Whether clients see each partition of ``partitions``' topics with a leader that answers.
 
-        The metadata names a leader before the broker has made the partition's log; until
-        it has, offset queries fail with NOT_LEADER_FOR_PARTITION, and the connectors retry
-        them, once with librdkafka's backoff of up to seconds.
+        ``partitions``: the number of partitions of each topic, by name. The metadata names a
+        leader before the broker has made the partition's log; until it has, offset queries
+        fail with NOT_LEADER_FOR_PARTITION, and the connectors retry them, once with
+        librdkafka's backoff of up to seconds.
         """
         topics = self.admin.list_topics(timeout=_TIMEOUT_S).topics
-        for name in names:
+        for name, count in partitions.items():
             topic = topics.get(name)
-            if topic is None or topic.error is not None or len(topic.partitions) != partitions:
+            if topic is None or topic.error is not None or len(topic.partitions) != count:
                 return False
             if any(partition.leader < 0 for partition in topic.partitions.values()):
                 return False
         futures = self.admin.list_offsets(
-            {TopicPartition(n, p): OffsetSpec.latest() for n in names for p in range(partitions)},
+            {
+                TopicPartition(name, p): OffsetSpec.latest()
+                for name, count in partitions.items()
+                for p in range(count)
+            },
             request_timeout=_TIMEOUT_S,
         )
         concurrent.futures.wait(list(futures.values()))
@@ -159,7 +173,10 @@ class _Topics:
 
     def close(self) -> None:
         """Delete the released topics and those made ahead but never handed out."""
-        self._used.extend(name for names in self._fresh.values() for name in names)
+        for (_, with_epochs_topic), names in self._fresh.items():
+            self._used.extend(names)
+            if with_epochs_topic:
+                self._used.extend(default_epochs_topic(name) for name in names)
         self._fresh.clear()
         if self._producer is not None:
             self._producer.flush(_TIMEOUT_S)
@@ -287,7 +304,7 @@ class KafkaSinkContext:
 
     def __init__(self, workdir: Path) -> None:
         self._topics = topics(shared_bootstrap_servers())
-        self._topic = self._topics.take(_SINK_PARTITIONS)
+        self._topic = self._topics.take(_SINK_PARTITIONS, with_epochs_topic=True)
         self._staging = workdir / "staging"
         self._reader = _CommittedReader(self._topics, self._topic, _SINK_PARTITIONS)
 
@@ -316,7 +333,7 @@ class KafkaSinkContext:
         """Stop reading; the topic and the sink's epochs topic are deleted (in a batch)."""
         self._reader.close()
         with contextlib.suppress(KafkaException):
-            self._topics.release(self._topic, f"{self._topic}.laminar-epochs")
+            self._topics.release(self._topic, default_epochs_topic(self._topic))
 
 
 class KafkaSourceContext:

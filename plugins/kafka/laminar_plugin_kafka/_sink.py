@@ -86,7 +86,13 @@ from laminar_plugin_kafka._client import (
     require_topic,
     unreachable,
 )
-from laminar_plugin_kafka._config import SINK_KEYS, SINK_NAME, SinkSettings, sink_settings
+from laminar_plugin_kafka._config import (
+    EPOCHS_TOPIC_CONFIG,
+    SINK_KEYS,
+    SINK_NAME,
+    SinkSettings,
+    sink_settings,
+)
 from laminar_plugin_kafka._records import OutgoingRecords, outgoing_records
 
 logger = logging.getLogger("laminar_plugin_kafka")
@@ -101,16 +107,11 @@ first records before it could queue the rest (250000 records of 100 bytes: ~0.25
 _STAGED = re.compile(r"epoch-(\d+)\.arrow")
 _QUEUE_FULL_WAIT_S = 0.05
 _STABLE_WAIT_S = 0.1
+_LEADER_WAIT_S = 0.01  # a created epochs.topic has a leader within milliseconds
 _VISIBLE_WAIT_S = 0.005
 # init_transactions is called in slices this long: each call that finds the coordinator busy
 # (aborting an older instance's transaction) makes librdkafka ask again at once.
 _INIT_SLICE_S = 0.01
-# The marker topic keeps one record per sink (compaction) and a short uncompacted tail.
-_EPOCHS_TOPIC_CONFIG = {
-    "cleanup.policy": "compact",
-    "segment.ms": "600000",
-    "min.cleanable.dirty.ratio": "0.1",
-}
 
 
 class _RetriableTransactionError(TransactionError):
@@ -810,7 +811,7 @@ def _epochs_partitions(
             "(one partition, cleanup.policy=compact) or set epochs.topic.create=true",
             key="epochs.topic",
         )
-    new = NewTopic(settings.epochs_topic, num_partitions=1, config=dict(_EPOCHS_TOPIC_CONFIG))
+    new = NewTopic(settings.epochs_topic, num_partitions=1, config=dict(EPOCHS_TOPIC_CONFIG))
     future = admin.create_topics([new], request_timeout=settings.client.timeout_s)[
         settings.epochs_topic
     ]
@@ -835,7 +836,7 @@ def _epochs_partitions(
                 f"{SINK_NAME}: epochs.topic {settings.epochs_topic!r} was created, but has no "
                 f"leader after {settings.client.timeout_s:g}s"
             )
-        time.sleep(_STABLE_WAIT_S)
+        time.sleep(_LEADER_WAIT_S)
 
 
 def _latest_offsets(

@@ -16,7 +16,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 CLIENT_LOGGER = logging.getLogger("tests.kafka.librdkafka")
 
@@ -153,3 +153,12 @@ class Kafka:
 
     def committed_ids(self, topic: str, partitions: int = 1) -> list[int]:
         return sorted(int(value or b"-1") for value in self.committed_values(topic, partitions))
+
+    def topic_settings(self, topic: str) -> tuple[int, dict[str, str]] | None:
+        """``topic``'s partition count and configuration values; ``None`` when it does not exist."""
+        found = self.admin.list_topics(topic, timeout=30).topics.get(topic)
+        if found is None or found.error is not None:
+            return None
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        entries = self.admin.describe_configs([resource])[resource].result(timeout=30)
+        return len(found.partitions), {name: entry.value for name, entry in entries.items()}

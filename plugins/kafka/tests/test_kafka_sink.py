@@ -10,11 +10,15 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from kafka_testing import CLIENT_LOGGER
 from laminar_sdk import (
+    ConfigurationError,
     ConnectorRegistry,
     SinkConnector,
     SinkConnectorCapabilities,
     TransactionError,
 )
+
+from laminar_plugin_kafka._config import EPOCHS_TOPIC_CONFIG, default_epochs_topic
+from laminar_plugin_kafka._contexts import KafkaSinkContext
 
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 
@@ -181,6 +185,43 @@ def test_two_sinks_on_one_topic_keep_their_own_epochs(kafka, registry, tmp_path)
 
     asyncio.run(scenario())
     assert kafka.committed_ids(topic) == [1, 2, 100, 101]
+
+
+def test_a_missing_epochs_topic_is_created_compacted_unless_the_config_says_not_to(
+    kafka, registry, tmp_path
+):
+    topic = kafka.topic()
+    epochs_topic = f"{topic}.laminar-epochs"
+    refusing = sink_config(kafka, topic, tmp_path, **{"epochs.topic.create": "false"})
+    with pytest.raises(ConfigurationError, match=epochs_topic) as refused:
+        asyncio.run(open_sink(registry, refusing))
+    assert refused.value.key == "epochs.topic"
+    assert kafka.topic_settings(epochs_topic) is None
+
+    async def scenario():
+        sink = await open_sink(registry, sink_config(kafka, topic, tmp_path))
+        await write_epoch(sink, 0, [1])
+        await sink.close()
+
+    asyncio.run(scenario())
+    made = kafka.topic_settings(epochs_topic)
+    assert made is not None
+    partitions, config = made
+    assert partitions == 1
+    assert config["cleanup.policy"] == "compact"  # one marker per sink is kept
+    assert {name: config[name] for name in EPOCHS_TOPIC_CONFIG} == dict(EPOCHS_TOPIC_CONFIG)
+
+
+def test_the_conformance_sink_context_makes_the_epochs_topic_as_the_sink_would(kafka, tmp_path):
+    context = KafkaSinkContext(tmp_path)
+    try:
+        made = kafka.topic_settings(default_epochs_topic(context.config().properties["topic"]))
+    finally:
+        context.close()
+    assert made is not None
+    partitions, config = made
+    assert partitions == 1
+    assert {name: config[name] for name in EPOCHS_TOPIC_CONFIG} == dict(EPOCHS_TOPIC_CONFIG)
 
 
 def test_at_least_once_delivery_flushes_at_pre_commit(kafka, registry, tmp_path):
