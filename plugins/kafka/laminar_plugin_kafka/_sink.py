@@ -109,9 +109,11 @@ _QUEUE_FULL_WAIT_S = 0.05
 _STABLE_WAIT_S = 0.1
 _LEADER_WAIT_S = 0.01  # a created epochs.topic has a leader within milliseconds
 _VISIBLE_WAIT_S = 0.005
-# init_transactions is called in slices this long: each call that finds the coordinator busy
-# (aborting an older instance's transaction) makes librdkafka ask again at once.
-_INIT_SLICE_S = 0.01
+# init_transactions is called in slices, first this long, then each twice the last, up to
+# librdkafka's own retry interval: each call that finds the coordinator busy (aborting an older
+# instance's transaction) makes librdkafka ask again at once.
+_INIT_FIRST_SLICE_S = 0.01
+_INIT_LAST_SLICE_S = 0.5
 
 
 class _RetriableTransactionError(TransactionError):
@@ -511,21 +513,22 @@ def _init_transactions(writer: _Writer) -> None:
     ``CONCURRENT_TRANSACTIONS`` while it aborts that transaction (milliseconds), and
     librdkafka asks again only after a fixed 500 ms. A call to ``init_transactions`` that
     timed out may be made again to resume, and asks again at once (librdkafka's documented
-    resume path; it never has two requests out). So the call is made in slices of
-    :data:`_INIT_SLICE_S`, again after each retriable error (a busy or moving coordinator,
-    no answer yet), until the producer id comes or the timeout runs out: a busy
-    coordinator costs a few milliseconds, not half a second.
+    resume path; it never has two requests out). So the call is made in slices growing from
+    10 ms, again after each retriable error (a busy or moving coordinator, no answer yet),
+    until the producer id comes or the timeout runs out: a busy coordinator costs a few
+    milliseconds, not half a second, and a distant one is not asked every 10 ms.
 
     :raises ConnectionFailed: when the brokers do not answer within the timeout.
     :raises TransactionError: when the coordinator refuses.
     """
     settings = writer.settings
     deadline = time.monotonic() + settings.client.timeout_s
+    wait_s = _INIT_FIRST_SLICE_S
     while True:
         remaining = max(0.0, deadline - time.monotonic())
         try:
             with fatal_errors_unwrapped():
-                writer.producer.init_transactions(min(_INIT_SLICE_S, remaining))
+                writer.producer.init_transactions(min(wait_s, remaining))
         except KafkaException as error:
             found = kafka_error(error)
             again = found is not None and found.retriable() and not found.fatal()
@@ -533,6 +536,7 @@ def _init_transactions(writer: _Writer) -> None:
                 raise _transaction_error(
                     settings, "initialise the transactional producer", error
                 ) from error
+            wait_s = min(wait_s * 2, _INIT_LAST_SLICE_S)
             continue
         return
 
