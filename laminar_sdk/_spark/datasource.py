@@ -15,6 +15,7 @@ from laminar_sdk._errors import ConfigurationError, SchemaMismatch
 from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
 from laminar_sdk._spark.connectors import opened_sink, opened_source
+from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import (
     BridgeOptions,
     connector_registry,
@@ -47,7 +48,9 @@ class LaminarDataSource(DataSource):
     read in parallel tasks (:meth:`streamReader`), any other through one process
     (:meth:`simpleStreamReader`; Spark falls back to it when :meth:`streamReader` raises
     ``PySparkNotImplementedError``); a distributed-commit sink is staged by the write tasks
-    and committed together, any other is written at the commit (:mod:`._spark.writer`).
+    and committed together, any other is written at the commit (:mod:`._spark.writer`), the
+    tasks on the driver's machine handing their batches over in files
+    (:mod:`._spark.handoff`).
     """
 
     @classmethod
@@ -94,7 +97,8 @@ class LaminarDataSource(DataSource):
                 key="outputMode",
             )
         expected, distributed = _checked_sink(options, schema)
-        return LaminarStreamWriter(options, expected, distributed=distributed)
+        handoff = None if distributed else HandoffDirectory.of_driver()
+        return LaminarStreamWriter(options, expected, distributed=distributed, handoff=handoff)
 
     def _options(self, role: ConnectorRole) -> BridgeOptions:
         return parse_options(self.options, role)

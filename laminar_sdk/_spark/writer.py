@@ -23,17 +23,21 @@ tasks, in parallel:
 
 Any other sink is written in ``commit``, by one instance:
 
-- ``write`` conforms each Arrow batch to the sink's schema and ships the task's batches, as
-  one LZ4-compressed Arrow IPC stream, to the driver in its commit message. A commit message
-  is copied several times on its way through the JVM to the committing Python worker: two
-  tasks' 12 MB each took 0.15 to 0.25 s to arrive, while compressing 12 MB takes 5 to 10 ms
-  (JSON records shrink to a quarter; data that does not compress costs those milliseconds);
+- ``write`` conforms each Arrow batch to the sink's schema and hands the task's batches, as
+  one Arrow IPC stream, to the commit: in a file of the driver's hand-off directory when the
+  task can reach it (on the driver's machine: every task in ``local`` mode; see
+  :mod:`~laminar_sdk._spark.handoff`), its name in the commit message; else LZ4-compressed
+  in the commit message itself. A commit message is copied several times on its way through
+  the JVM to the committing Python worker: two tasks' 12 MB each took 0.15 to 0.25 s to
+  arrive, while compressing 12 MB takes 5 to 10 ms (JSON records shrink to a quarter; data
+  that does not compress costs those milliseconds);
 - ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
   one that was not), skips an epoch committed already, and otherwise runs the epoch:
   ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →
   ``commit_epoch`` → manifest marked committed. Every batch passes through the driver, so a
   micro-batch must fit in its memory: bound it with the source's
-  ``laminar.max.records.per.batch``.
+  ``laminar.max.records.per.batch``. The micro-batch's hand-off files are removed when the
+  commit ends, however it ends.
 
 In both, ``abort`` lets the coordinator recover, which rolls back the undecided epoch — every
 task's staging of it — and never one whose commit was decided. Rolling back at the start of a
@@ -52,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -66,6 +71,7 @@ from laminar_sdk._errors import InvalidState
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
+from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import BridgeOptions, sink_checkpointer
 
 logger = logging.getLogger("laminar_sdk.spark")
@@ -77,12 +83,25 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 MESSAGE_IPC_OPTIONS = pa.ipc.IpcWriteOptions(
     compression="lz4" if pa.Codec.is_available("lz4") else None
 )
-"""How a write task serializes its batches for a one-instance commit (see the module doc)."""
+"""How a write task serializes its batches into a commit message (see the module doc).
+
+A hand-off file is not compressed: the commit maps it, and decompressing would be its work."""
+
+
+class BatchesMessage(WriterCommitMessage, ABC):
+    """What one write task hands to a one-instance commit: its batches, one way or another."""
+
+    rows: int
+    query_id: str | None
+
+    @abstractmethod
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The task's batches, in the order it wrote them."""
 
 
 @dataclass(frozen=True)
-class ArrowBatchesMessage(WriterCommitMessage):
-    """What one write task hands to a one-instance commit: its batches, as Arrow IPC."""
+class ArrowBatchesMessage(BatchesMessage):
+    """A task's batches in the message itself, as a compressed Arrow IPC stream."""
 
     payload: bytes
     rows: int
@@ -94,6 +113,29 @@ class ArrowBatchesMessage(WriterCommitMessage):
 
 
 @dataclass(frozen=True)
+class HandedOffBatchesMessage(BatchesMessage):
+    """A task's batches in a file of the driver's hand-off directory: its path."""
+
+    path: str
+    rows: int
+    query_id: str | None = None
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The task's batches, in the order it wrote them, mapped from the file.
+
+        :raises InvalidState: when the file is gone (removed while the commit ran).
+        """
+        try:
+            stream = pa.ipc.open_stream(pa.memory_map(self.path))
+        except FileNotFoundError:
+            raise InvalidState(
+                f"the hand-off file {self.path} of a write task, until its micro-batch commits",
+                "the file is gone; was the temporary directory cleaned while the query ran?",
+            ) from None
+        yield from stream
+
+
+@dataclass(frozen=True)
 class StagedTaskMessage(WriterCommitMessage):
     """What one write task hands to a distributed commit: what it staged, and no data."""
 
@@ -102,7 +144,7 @@ class StagedTaskMessage(WriterCommitMessage):
     query_id: str | None = None
 
 
-MessageT = TypeVar("MessageT", ArrowBatchesMessage, StagedTaskMessage)
+MessageT = TypeVar("MessageT", BatchesMessage, StagedTaskMessage)
 
 
 class LaminarStreamWriter(DataSourceStreamArrowWriter):
@@ -111,15 +153,25 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     :param options: the validated options of the write side.
     :param schema: the sink's Arrow schema; batches are conformed to it.
     :param distributed: whether the sink is a distributed-commit sink, staged by the tasks.
+    :param handoff: the driver's hand-off directory, for a one-instance commit; ``None`` to
+        send every task's batches in its commit message.
     """
 
-    def __init__(self, options: BridgeOptions, schema: pa.Schema, *, distributed: bool) -> None:
+    def __init__(
+        self,
+        options: BridgeOptions,
+        schema: pa.Schema,
+        *,
+        distributed: bool,
+        handoff: HandoffDirectory | None = None,
+    ) -> None:
         self._options = options
         self._schema = schema
         self._distributed = distributed
+        self._handoff = handoff
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        """Stage the task's batches (distributed), or return them serialized (otherwise).
+        """Stage the task's batches (distributed), or hand them to the commit (otherwise).
 
         :raises InvalidState: for a distributed-commit sink, when not run in a Spark
             streaming write task (there is no batch id to stage for).
@@ -128,12 +180,20 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         query_id = None if context is None else context.getLocalProperty(QUERY_ID_PROPERTY)
         if self._distributed:
             return self._stage(iterator, context, query_id)
+        batch_id = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+        if (
+            self._handoff is not None
+            and context is not None
+            and query_id is not None
+            and batch_id is not None
+            and self._handoff.reachable()
+        ):
+            path = self._handoff.task_file(query_id, int(batch_id), _task_name(context))
+            with pa.OSFile(str(path), "wb") as file:
+                rows = self._serialize(iterator, file, pa.ipc.IpcWriteOptions())
+            return HandedOffBatchesMessage(str(path), rows, query_id)
         sink = pa.BufferOutputStream()
-        rows = 0
-        with pa.ipc.new_stream(sink, self._schema, options=MESSAGE_IPC_OPTIONS) as stream:
-            for batch in self._conformed(iterator):
-                stream.write_batch(batch)
-                rows += batch.num_rows
+        rows = self._serialize(iterator, sink, MESSAGE_IPC_OPTIONS)
         return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id)
 
     def commit(
@@ -145,8 +205,13 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         if self._distributed:
             staged = _messages(messages, batchId, StagedTaskMessage)
             asyncio.run(self._commit_staged(staged, batchId))
-        else:
-            asyncio.run(self._commit(_messages(messages, batchId, ArrowBatchesMessage), batchId))
+            return
+        # An abstract class is a fine isinstance() target (mypy's check is for instantiation).
+        received = _messages(messages, batchId, BatchesMessage)  # type: ignore[type-abstract]
+        try:
+            asyncio.run(self._commit(received, batchId))
+        finally:
+            self._discard_handoff(messages, batchId)
 
     def abort(
         self,
@@ -154,8 +219,33 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         batchId: int,  # noqa: N803 - Spark passes it by this name
     ) -> None:
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
-        received = [m for m in messages if isinstance(m, ArrowBatchesMessage | StagedTaskMessage)]
-        asyncio.run(self._recover(_query_id(received)))
+        received = [m for m in messages if isinstance(m, BatchesMessage | StagedTaskMessage)]
+        try:
+            asyncio.run(self._recover(_query_id(received)))
+        finally:
+            self._discard_handoff(messages, batchId)
+
+    def _serialize(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        sink: pa.NativeFile,
+        ipc_options: pa.ipc.IpcWriteOptions,
+    ) -> int:
+        """Write the task's conformed batches to ``sink`` as one IPC stream; the rows written."""
+        rows = 0
+        with pa.ipc.new_stream(sink, self._schema, options=ipc_options) as stream:
+            for batch in self._conformed(iterator):
+                stream.write_batch(batch)
+                rows += batch.num_rows
+        return rows
+
+    def _discard_handoff(
+        self, messages: Sequence[WriterCommitMessage | None], batch_id: int
+    ) -> None:
+        """Remove the micro-batch's hand-off files (and older ones), once its commit ended."""
+        query_id = _query_id([m for m in messages if isinstance(m, BatchesMessage)])
+        if self._handoff is not None and query_id is not None:
+            self._handoff.discard(query_id, batch_id)
 
     def _conformed(self, iterator: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         what = f"sink {self._options.connector!r}"
@@ -175,9 +265,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
                 "write() in a task of a Spark streaming query (its batch id is the epoch)",
                 "no streaming batch id in the task's context",
             )
-        # Unique per attempt (partition, attempt number) and per run (a random token): the
-        # staging of an attempt that failed, or of a run that crashed, is never taken for this.
-        task = f"{context.partitionId()}-{context.attemptNumber()}-{secrets.token_hex(8)}"
+        task = _task_name(context)
         rows = 0
 
         def counted() -> Iterator[pa.RecordBatch]:
@@ -194,7 +282,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             name = self._options.connector
             return await stage_task(name, sink, epoch, task, batches, observer=crash_observer())
 
-    async def _commit(self, messages: Sequence[ArrowBatchesMessage], epoch: int) -> None:
+    async def _commit(self, messages: Sequence[BatchesMessage], epoch: int) -> None:
         async with opened_sink(self._options) as sink:
             coordinator = self._coordinator(sink, _query_id(messages))
             await coordinator.recover()
@@ -249,5 +337,13 @@ def _messages(
     return received
 
 
-def _query_id(messages: Sequence[ArrowBatchesMessage | StagedTaskMessage]) -> str | None:
+def _query_id(messages: Sequence[BatchesMessage | StagedTaskMessage]) -> str | None:
     return next((m.query_id for m in messages if m.query_id is not None), None)
+
+
+def _task_name(context: TaskContext) -> str:
+    """Unique per attempt (partition, attempt number) and per run (a random token).
+
+    What an attempt that failed, or a run that crashed, left behind is never taken for this.
+    """
+    return f"{context.partitionId()}-{context.attemptNumber()}-{secrets.token_hex(8)}"

@@ -1,9 +1,9 @@
-"""One shared ``local[2]`` Spark session for every Spark test."""
+"""One shared ``local[2]`` Spark session for every Spark test, and a stand-in task context."""
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -11,6 +11,7 @@ if importlib.util.find_spec("pyspark") is None:
     # Without the `spark` extra there is nothing here to run.
     collect_ignore_glob = ["*.py"]
 else:
+    from pyspark import TaskContext
     from pyspark.sql import SparkSession
 
     from laminar_sdk.spark import build_session
@@ -20,3 +21,20 @@ else:
         session = build_session(app_name="laminar-sdk-tests")
         yield session
         session.stop()
+
+    @pytest.fixture
+    def in_task() -> Iterator[Callable[..., TaskContext]]:
+        """Make this process look like a Spark task of a streaming micro-batch, for a while.
+
+        Call it with the micro-batch's id and the task's partition (and attempt number).
+        """
+
+        def enter(batch_id: int, partition: int, attempt: int = 0) -> TaskContext:
+            TaskContext._setTaskContext(None)
+            properties = {"streaming.sql.batchId": str(batch_id), "sql.streaming.queryId": "q-1"}
+            return TaskContext(
+                partitionId=partition, attemptNumber=attempt, localProperties=properties
+            )
+
+        yield enter
+        TaskContext._setTaskContext(None)

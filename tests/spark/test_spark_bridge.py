@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from pyspark import TaskContext
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import StructType
 from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
 
+from laminar_sdk import InvalidState
+from laminar_sdk._spark import handoff
 from laminar_sdk._spark.arrow import spark_schema
-from laminar_sdk._spark.writer import ArrowBatchesMessage, LaminarStreamWriter
+from laminar_sdk._spark.writer import (
+    ArrowBatchesMessage,
+    HandedOffBatchesMessage,
+    LaminarStreamWriter,
+)
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 from laminar_sdk.spark import LaminarDataSource
 
@@ -153,3 +162,78 @@ def test_a_write_task_ships_its_batches_compressed_and_whole(
     assert isinstance(message, ArrowBatchesMessage)
     assert list(message.batches()) == batches
     assert len(message.payload) < sum(batch.nbytes for batch in batches) / 4
+
+
+@pytest.fixture
+def handoff_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The driver's hand-off directory, in the test's directory; the memory sink one-instance."""
+    monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
+    root = tmp_path / "handoff"
+    monkeypatch.setattr(handoff, "default_root", lambda: root)
+    return root
+
+
+def test_a_write_task_on_the_drivers_machine_hands_its_batches_over_in_a_file(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
+) -> None:
+    writer = _ids_writer(tmp_path)
+    in_task(0, partition=0)
+    first = writer.write(iter([_ids_batch(0, 20_000), _ids_batch(20_000, 5)]))
+    in_task(0, partition=1)
+    second = writer.write(iter([_ids_batch(20_005, 3)]))
+    in_task(0, partition=1, attempt=1)
+    writer.write(iter([_ids_batch(20_005, 3)]))  # an attempt Spark drops: its file is left
+    TaskContext._setTaskContext(None)
+
+    assert isinstance(first, HandedOffBatchesMessage)
+    assert Path(first.path).parent == handoff_root / "query-q-1" / "batch-0"
+    assert len(pickle.dumps(first)) < 500, "a file name, not data"
+    assert first.rows == 20_005
+    _ids_writer(tmp_path).commit([first, second], 0)
+
+    assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == list(range(20_008))
+    assert committed_epochs(tmp_path) == ["epoch-0"]
+    assert [p.name for p in handoff_root.iterdir()] == ["driver-token"], "every file removed"
+
+
+def test_a_write_task_that_does_not_see_the_drivers_token_sends_its_batches(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
+) -> None:
+    writer = _ids_writer(tmp_path)
+    (handoff_root / "driver-token").write_text("another machine's")  # what the task reads
+    in_task(0, partition=0)
+
+    message = writer.write(iter([_ids_batch(0, 5)]))
+
+    assert isinstance(message, ArrowBatchesMessage)
+    assert list(message.batches()) == [_ids_batch(0, 5)]
+
+
+def test_an_aborted_micro_batch_leaves_no_hand_off_file(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
+) -> None:
+    writer = _ids_writer(tmp_path)
+    in_task(0, partition=0)
+    message = writer.write(iter([_ids_batch(0, 5)]))
+    TaskContext._setTaskContext(None)
+    assert isinstance(message, HandedOffBatchesMessage)
+
+    _ids_writer(tmp_path).abort([message, None], 0)
+
+    assert not Path(message.path).exists()
+    assert MemorySink.committed_ids(tmp_path / "sink") == []
+
+
+def test_a_commit_whose_hand_off_file_is_gone_fails_naming_it(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
+) -> None:
+    writer = _ids_writer(tmp_path)
+    in_task(0, partition=0)
+    message = writer.write(iter([_ids_batch(0, 5)]))
+    TaskContext._setTaskContext(None)
+    assert isinstance(message, HandedOffBatchesMessage)
+    Path(message.path).unlink()
+
+    with pytest.raises(InvalidState, match="hand-off file .* is gone"):
+        _ids_writer(tmp_path).commit([message], 0)
+    assert MemorySink.committed_ids(tmp_path / "sink") == []

@@ -12,7 +12,7 @@ import asyncio
 import json
 import pickle
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -295,19 +295,6 @@ def ids_batch(first: int, count: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict(
         {"id": ids, "partition": [0] * count, "value": [0.5] * count}, schema=IDS_SCHEMA
     )
-
-
-@pytest.fixture
-def in_task() -> Iterator[Callable[..., TaskContext]]:
-    """Make this process look like a Spark task of a streaming micro-batch, for a while."""
-
-    def enter(batch_id: int, partition: int, attempt: int = 0) -> TaskContext:
-        TaskContext._setTaskContext(None)
-        properties = {"streaming.sql.batchId": str(batch_id), "sql.streaming.queryId": "q-1"}
-        return TaskContext(partitionId=partition, attemptNumber=attempt, localProperties=properties)
-
-    yield enter
-    TaskContext._setTaskContext(None)
 
 
 def test_write_tasks_stage_and_a_redelivered_micro_batch_commits_once(

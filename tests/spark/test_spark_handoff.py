@@ -1,0 +1,59 @@
+"""The driver's hand-off directory: which tasks may use it, and what a commit leaves there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from laminar_sdk._spark.handoff import HandoffDirectory
+
+
+def test_the_driver_makes_its_token_once_and_a_task_that_reads_it_may_hand_off(
+    tmp_path: Path,
+) -> None:
+    driver = HandoffDirectory.of_driver(tmp_path / "handoff")
+
+    assert driver is not None
+    assert HandoffDirectory.of_driver(tmp_path / "handoff") == driver, "one token, kept"
+    assert driver.reachable()
+    assert [p.name for p in (tmp_path / "handoff").iterdir()] == ["driver-token"]
+
+
+def test_a_task_that_reads_another_token_or_none_sends_messages(tmp_path: Path) -> None:
+    driver = HandoffDirectory.of_driver(tmp_path / "handoff")
+    assert driver is not None
+    elsewhere = HandoffDirectory(str(tmp_path / "not-the-drivers"), driver.token)
+
+    (tmp_path / "handoff" / "driver-token").write_text("another driver's")
+
+    assert not driver.reachable()
+    assert not elsewhere.reachable()
+
+
+def test_a_driver_that_cannot_make_the_directory_hands_off_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+
+    assert HandoffDirectory.of_driver(tmp_path / "a-file" / "handoff") is None
+
+
+def test_a_commit_discards_its_micro_batch_and_older_ones_left_behind(tmp_path: Path) -> None:
+    driver = HandoffDirectory.of_driver(tmp_path)
+    assert driver is not None
+    for batch_id, task in [(3, "0-0-a"), (3, "0-1-b"), (5, "1-0-c"), (6, "0-0-d")]:
+        driver.task_file("q-1", batch_id, task).write_bytes(b"batches")
+    driver.task_file("q-2", 1, "0-0-e").write_bytes(b"another query's")
+
+    driver.discard("q-1", 5)
+
+    assert [p.name for p in (tmp_path / "query-q-1").iterdir()] == ["batch-6"]
+    assert (tmp_path / "query-q-2" / "batch-1" / "0-0-e.arrow").exists()
+    driver.discard("q-1", 6)
+    assert not (tmp_path / "query-q-1").exists(), "the query's directory goes when empty"
+
+
+def test_a_query_id_cannot_name_a_path_outside_the_directory(tmp_path: Path) -> None:
+    driver = HandoffDirectory.of_driver(tmp_path / "handoff")
+    assert driver is not None
+
+    path = driver.task_file("../../escape", 0, "0-0-a")
+
+    assert path.resolve().is_relative_to((tmp_path / "handoff").resolve())
