@@ -209,14 +209,19 @@ def test_a_write_task_that_does_not_see_the_drivers_token_sends_its_batches(
     assert list(message.batches()) == [_ids_batch(0, 5)]
 
 
+def _handed_off(tmp_path: Path, in_task: Callable[..., TaskContext]) -> HandedOffBatchesMessage:
+    """What one write task of micro-batch 0 hands over: five ids, in a file."""
+    in_task(0, partition=0)
+    message = _ids_writer(tmp_path).write(iter([_ids_batch(0, 5)]))
+    TaskContext._setTaskContext(None)
+    assert isinstance(message, HandedOffBatchesMessage)
+    return message
+
+
 def test_an_aborted_micro_batch_leaves_no_hand_off_file(
     tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
 ) -> None:
-    writer = _ids_writer(tmp_path)
-    in_task(0, partition=0)
-    message = writer.write(iter([_ids_batch(0, 5)]))
-    TaskContext._setTaskContext(None)
-    assert isinstance(message, HandedOffBatchesMessage)
+    message = _handed_off(tmp_path, in_task)
 
     _ids_writer(tmp_path).abort([message, None], 0)
 
@@ -227,13 +232,11 @@ def test_an_aborted_micro_batch_leaves_no_hand_off_file(
 def test_a_commit_whose_hand_off_file_is_gone_fails_naming_it(
     tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
 ) -> None:
-    writer = _ids_writer(tmp_path)
-    in_task(0, partition=0)
-    message = writer.write(iter([_ids_batch(0, 5)]))
-    TaskContext._setTaskContext(None)
-    assert isinstance(message, HandedOffBatchesMessage)
+    message = _handed_off(tmp_path, in_task)
+    other = _handed_off(tmp_path, in_task)
     Path(message.path).unlink()
 
     with pytest.raises(InvalidState, match="hand-off file .* is gone"):
-        _ids_writer(tmp_path).commit([message], 0)
+        _ids_writer(tmp_path).commit([message, other], 0)
     assert MemorySink.committed_ids(tmp_path / "sink") == []
+    assert not Path(other.path).exists(), "a failed commit removes its files too"
