@@ -67,7 +67,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 
 from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
-from laminar_sdk._errors import InvalidState
+from laminar_sdk._errors import InvalidState, WriteError
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
@@ -175,6 +175,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
 
         :raises InvalidState: for a distributed-commit sink, when not run in a Spark
             streaming write task (there is no batch id to stage for).
+        :raises WriteError: when the task's hand-off file cannot be written (a full disk).
         """
         context = TaskContext.get()
         query_id = None if context is None else context.getLocalProperty(QUERY_ID_PROPERTY)
@@ -188,10 +189,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             and batch_id is not None
             and self._handoff.reachable()
         ):
-            path = self._handoff.task_file(query_id, int(batch_id), _task_name(context))
-            with pa.OSFile(str(path), "wb") as file:
-                rows = self._serialize(iterator, file, pa.ipc.IpcWriteOptions())
-            return HandedOffBatchesMessage(str(path), rows, query_id)
+            return self._hand_off(iterator, self._handoff, context, query_id, int(batch_id))
         sink = pa.BufferOutputStream()
         rows = self._serialize(iterator, sink, MESSAGE_IPC_OPTIONS)
         return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id)
@@ -224,6 +222,26 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             asyncio.run(self._recover(_query_id(received)))
         finally:
             self._discard_handoff(messages, batchId)
+
+    def _hand_off(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        handoff: HandoffDirectory,
+        context: TaskContext,
+        query_id: str,
+        batch_id: int,
+    ) -> HandedOffBatchesMessage:
+        try:
+            path = handoff.task_file(query_id, batch_id, _task_name(context))
+            with pa.OSFile(str(path), "wb") as file:
+                rows = self._serialize(iterator, file, pa.ipc.IpcWriteOptions())
+        except OSError as error:
+            raise WriteError(
+                f"sink {self._options.connector!r}: cannot hand micro-batch {batch_id}'s "
+                f"records to the commit in {handoff.root}: {error}. Free space there, or point "
+                "TMPDIR of Spark's Python workers at a directory with room"
+            ) from error
+        return HandedOffBatchesMessage(str(path), rows, query_id)
 
     def _serialize(
         self,

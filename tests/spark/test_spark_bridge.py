@@ -15,7 +15,7 @@ from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import StructType
 from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
 
-from laminar_sdk import InvalidState
+from laminar_sdk import InvalidState, WriteError
 from laminar_sdk._spark import handoff
 from laminar_sdk._spark.arrow import spark_schema
 from laminar_sdk._spark.writer import (
@@ -240,3 +240,14 @@ def test_a_commit_whose_hand_off_file_is_gone_fails_naming_it(
         _ids_writer(tmp_path).commit([message, other], 0)
     assert MemorySink.committed_ids(tmp_path / "sink") == []
     assert not Path(other.path).exists(), "a failed commit removes its files too"
+
+
+def test_a_task_that_cannot_write_its_hand_off_file_fails_naming_the_directory(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext]
+) -> None:
+    writer = _ids_writer(tmp_path)
+    (handoff_root / "query-q-1").write_text("")  # where the micro-batch's directory goes
+    in_task(0, partition=0)
+
+    with pytest.raises(WriteError, match=f"cannot hand micro-batch 0's records .* {handoff_root}"):
+        writer.write(iter([_ids_batch(0, 5)]))
