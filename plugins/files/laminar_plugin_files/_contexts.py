@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from laminar_sdk import ConnectorConfig, make_dirs, write_file_atomically
 from laminar_sdk.reference import IDS_SCHEMA
@@ -63,6 +62,10 @@ class FilesSinkContext:
 
     def committed_ids(self) -> list[int]:
         """The ids of every row a ``pyarrow.dataset`` reader of the directory sees."""
+        # Imported here: it takes ~40 ms, and every process that loads the installed plugins
+        # (each Spark worker and planner) imports this module, which only the kit's runs use.
+        import pyarrow.dataset as ds  # noqa: PLC0415
+
         if not self.path.exists():
             return []
         dataset = ds.dataset(str(self.path), format="parquet")
