@@ -8,16 +8,18 @@ writes its batches to a file there and sends only its name: the commit maps the 
 byte crosses the JVM.
 
 Which tasks can is checked, not assumed. The driver keeps a random token in
-``<temp>/laminar-spark/driver-token`` (made once; :meth:`HandoffDirectory.of_driver`) and
-gives it to the writer Spark ships to the tasks. A task uses the directory only when it reads
+``<temp>/laminar-spark-<user id>/driver-token`` (made once; :meth:`HandoffDirectory.of_driver`)
+and gives it to the writer Spark ships to the tasks. A task uses the directory only when it reads
 the same token there (:meth:`HandoffDirectory.reachable`); any other task — on another
 machine, in another container, with another temporary directory — sends its batches in the
 commit message as before. A token that changed (a temporary-file cleaner removed it) only
 sends batches in messages until the next writer.
 
-The files are transport, not durable state: nothing is fsynced. They live under the query's
-id and the micro-batch's, and the commit removes the micro-batch's directory when it ends,
-committed or failed — also the files of task attempts that failed and of micro-batches a
+The files hold a micro-batch's records: the directory is the user's own, readable by no one
+else (mode 0700), and a directory of that name that another user owns, or that others may
+read, is not used. They are transport, not durable state: nothing is fsynced. They live under
+the query's id and the micro-batch's, and the commit removes the micro-batch's directory when
+it ends, committed or failed — also the files of task attempts that failed and of micro-batches a
 crashed run left behind. Once an epoch's commit is decided, the sink's own staging (never
 these files) is what finishes it.
 """
@@ -25,10 +27,12 @@ these files) is what finishes it.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +42,13 @@ _BATCH = re.compile(r"batch-(\d+)")
 
 
 def default_root() -> Path:
-    """``<temp>/laminar-spark``: the temporary directory of this process, as Python finds it."""
-    return Path(tempfile.gettempdir()) / "laminar-spark"
+    """``<temp>/laminar-spark-<user id>``, in the temporary directory Python finds."""
+    return Path(tempfile.gettempdir()) / f"laminar-spark-{_user()}"
+
+
+def _user() -> str:
+    getuid = getattr(os, "getuid", None)  # POSIX only
+    return str(getuid()) if getuid is not None else getpass.getuser()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +70,15 @@ class HandoffDirectory:
 
         :param root: where (default: :func:`default_root`).
         :returns: ``None`` when the directory cannot be made or read (a read-only or full
-            temporary directory): every task then sends its batches in messages.
+            temporary directory), or is not this user's alone: every task then sends its
+            batches in messages.
         """
         root = root or default_root()
         token_file = root / _TOKEN_FILE
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(root):
+                return None
             if not token_file.exists():
                 _make_token(token_file)
             return cls(str(root), token_file.read_text())
@@ -106,6 +118,15 @@ class HandoffDirectory:
     def _query(self, query_id: str) -> Path:
         # Spark's query ids are UUIDs; anything else must not name a path outside the root.
         return Path(self.root) / f"query-{re.sub(r'[^0-9A-Za-z-]', '_', query_id)}"
+
+
+def _private(directory: Path) -> bool:
+    """Whether ``directory`` is this user's, and no one else may read or enter it (POSIX)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return True
+    status = directory.lstat()
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == getuid() and not status.st_mode & 0o077
 
 
 def _make_token(token_file: Path) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
-from laminar_sdk._spark.handoff import HandoffDirectory
+from laminar_sdk._spark.handoff import HandoffDirectory, default_root
 
 
 def test_the_driver_makes_its_token_once_and_a_task_that_reads_it_may_hand_off(
@@ -33,6 +35,25 @@ def test_a_driver_that_cannot_make_the_directory_hands_off_nothing(tmp_path: Pat
     (tmp_path / "a-file").write_text("")
 
     assert HandoffDirectory.of_driver(tmp_path / "a-file" / "handoff") is None
+
+
+def test_the_directory_is_the_users_alone_and_one_others_may_read_is_not_used(
+    tmp_path: Path,
+) -> None:
+    assert HandoffDirectory.of_driver(tmp_path / "handoff") is not None
+    assert stat.S_IMODE((tmp_path / "handoff").stat().st_mode) == 0o700
+    (tmp_path / "shared").mkdir(mode=0o755)
+    (tmp_path / "shared").chmod(0o755)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+
+    assert HandoffDirectory.of_driver(tmp_path / "shared") is None
+    assert HandoffDirectory.of_driver(tmp_path / "link") is None, "a link may lead anywhere"
+    assert list((tmp_path / "shared").iterdir()) == [], "no token written there"
+
+
+def test_each_user_has_a_directory_of_their_own() -> None:
+    assert default_root().name == f"laminar-spark-{os.getuid()}"
 
 
 def test_a_commit_discards_its_micro_batch_and_older_ones_left_behind(tmp_path: Path) -> None:
