@@ -66,6 +66,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from laminar_conformance.services import ServiceError, die_with_parent, kafka_service
 from laminar_conformance.services._kafka import resolve_maven_jars
+from laminar_conformance.spark import spark_temporary_files_in
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -374,10 +375,12 @@ def in_own_process(
         "--pipeline-jars",
         ",".join(jars),
     ]
+    temporary = Path(tempfile.mkdtemp(prefix=f"laminar-bench-kafka-{variant}-tmp-"))
     with subprocess.Popen(
         arguments,
         stdout=subprocess.PIPE,
         text=True,
+        env=spark_temporary_files_in(temporary),
         start_new_session=True,
         preexec_fn=die_with_parent,  # noqa: PLW1509 - only calls prctl, safe after fork
     ) as child:
@@ -391,6 +394,7 @@ def in_own_process(
             if child.poll() is None:
                 os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
+            shutil.rmtree(temporary, ignore_errors=True)
     if child.returncode != 0:
         raise SystemExit(f"the {variant} pipeline failed (exit {child.returncode}); see above")
     return [float(seconds) for seconds in json.loads(output.strip().splitlines()[-1])]

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,9 @@ from laminar_conformance.services import die_with_parent
 
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
+
+TEMPORARY_FILES_OPTION = "-Djava.io.tmpdir"
+"""The JVM option naming the directory where a Spark driver keeps its temporary files."""
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
@@ -165,6 +169,29 @@ class ChildRun:
             return f"(no output: {error})"
 
 
+def spark_temporary_files_in(
+    directory: Path, environment: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """An environment for a child process starting Spark: its temporary files in ``directory``.
+
+    It is ``environment`` (``os.environ`` by default) and two variables. A Spark driver keeps
+    files in the JVM's temporary directory, ``/tmp`` whatever ``TMPDIR`` says: its local
+    directories (``spark-*``, ``blockmgr-*``), ``artifacts-*``, and native libraries it
+    unpacks (``liblz4-java-*.so``). Only its shutdown removes them, so a driver killed at a
+    crash point leaves them all behind. ``TMPDIR`` points Python's temporary files there (the
+    Spark bridge's hand-off files among them), and ``SPARK_SUBMIT_OPTS`` (the options
+    ``spark-submit`` gives the driver's JVM, which is how PySpark starts it) gains the JVM's
+    temporary directory. Remove ``directory`` once the child is gone.
+    """
+    child = dict(os.environ if environment is None else environment)
+    quoted = str(directory).replace("\\", "\\\\").replace('"', '\\"')
+    inherited = child.get("SPARK_SUBMIT_OPTS", "").strip()
+    option = f'{TEMPORARY_FILES_OPTION}="{quoted}"'  # the last one wins over the caller's
+    child["SPARK_SUBMIT_OPTS"] = f"{inherited} {option}".strip()
+    child["TMPDIR"] = str(directory)
+    return child
+
+
 class RunningChild:
     """A pipeline running in a child process (see :func:`start_child`); :meth:`wait` for it."""
 
@@ -180,10 +207,13 @@ class RunningChild:
         spec = directory / f"{name}.json"
         self._log = directory / f"{name}.log"
         self._record = directory / f"{name}.crash"
+        self._temporary = directory / f"{name}.tmp"
         self._timeout_s = pipeline.timeout_s + 120
         spec.write_text(pipeline.to_json(), encoding="utf-8")
         self._record.unlink(missing_ok=True)
-        environment = dict(os.environ)
+        shutil.rmtree(self._temporary, ignore_errors=True)
+        self._temporary.mkdir()
+        environment = spark_temporary_files_in(self._temporary)
         environment.pop(CRASH_AT_VARIABLE, None)
         environment[CRASH_RECORD_VARIABLE] = str(self._record)
         if crash is not None:
@@ -216,6 +246,7 @@ class RunningChild:
             returncode = self._process.wait()
         finally:
             _kill_group(self._process.pid)  # Python workers orphaned by a killed JVM, if any
+            shutil.rmtree(self._temporary, ignore_errors=True)  # what a killed JVM left
         crashes: tuple[Mapping[str, Any], ...] = ()
         if self._record.exists():
             lines = self._record.read_text(encoding="utf-8").splitlines()
@@ -237,9 +268,11 @@ def start_child(
     The child runs in ``directory``, where its files go (``NAME.json``, ``NAME.log``,
     ``NAME.crash``), so nothing lands in the caller's working directory. Every process the
     child started (its Spark driver, Python workers) is killed when it ends, and the child
-    dies with this process. Start several and wait for each to overlap their JVMs' start-up —
-    from this thread: a Spark session of this process breaks when children are started from
-    other threads (Python data sources are not found in it any more).
+    dies with this process. Their temporary files go to ``NAME.tmp`` there
+    (:func:`spark_temporary_files_in`), removed when the child has ended, killed or not.
+    Start several and wait for each to overlap their JVMs' start-up — from this thread: a
+    Spark session of this process breaks when children are started from other threads
+    (Python data sources are not found in it any more).
 
     :param crash: a crash point, as ``LAMINAR_SPARK_CRASH_AT`` takes it.
     :param python_path: directories the child and Spark's workers import from first.

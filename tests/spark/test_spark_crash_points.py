@@ -20,7 +20,13 @@ from typing import NoReturn
 
 import pyarrow as pa
 import pytest
-from laminar_conformance.spark import ChildRun, SparkPipeline, run_in_child, start_child
+from laminar_conformance.spark import (
+    ChildRun,
+    SparkPipeline,
+    run_in_child,
+    spark_temporary_files_in,
+    start_child,
+)
 from spark_pipelines import (
     MAX_RECORDS_PER_BATCH,
     committed_epochs,
@@ -339,6 +345,42 @@ def test_a_pipeline_killed_inside_a_call_restarts_exactly_once(tmp_path, crash):
     if crash.startswith("checkpoint-write"):
         (fired,) = killed.crashes
         assert (fired["torn"] or "").endswith("manifest.json"), f"no torn manifest: {fired}"
+
+
+# What a killed driver leaves: its temporary files, in a directory of the run's own. ------------
+
+
+def test_a_child_keeps_its_temporary_files_in_a_directory_given_to_the_jvm(tmp_path):
+    directory = tmp_path / 'a "quoted" \\ dir'
+    inherited = {"SPARK_SUBMIT_OPTS": "-Xss4m", "TMPDIR": "/elsewhere", "KEPT": "1"}
+
+    environment = spark_temporary_files_in(directory, inherited)
+
+    assert environment["TMPDIR"] == str(directory)
+    # The caller's options stay, and the directory comes last (so it wins), quoted for
+    # spark-submit's parser: a backslash or a double quote escaped.
+    expected = str(directory).replace("\\", "\\\\").replace('"', '\\"')
+    assert environment["SPARK_SUBMIT_OPTS"] == f'-Xss4m -Djava.io.tmpdir="{expected}"'
+    assert environment["KEPT"] == "1"
+    assert inherited["TMPDIR"] == "/elsewhere", "the caller's mapping was changed"
+
+
+@pytest.mark.spark
+def test_a_killed_driver_leaves_no_temporary_files(tmp_path):
+    pipeline = exactly_once_pipeline(tmp_path, ROWS)
+    child = start_child(pipeline, tmp_path, "killed", crash="commit-inside:1:2")
+    temporary = tmp_path / "killed.tmp"
+    deadline = time.monotonic() + 120
+    # The driver's block manager directory shows the JVM took the directory it was given
+    # (without it, it goes to /tmp).
+    while not list(temporary.glob("blockmgr-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    made_there = sorted(path.name.split("-")[0] for path in temporary.iterdir())
+    killed = child.wait()
+
+    assert killed.crashed, killed.tail()
+    assert "blockmgr" in made_there, f"the driver's files are not in {temporary}: {made_there}"
+    assert not temporary.exists(), "the killed driver's temporary files were left behind"
 
 
 # The abort path: a sink call fails, Spark calls abort, a restart commits exactly once. --------

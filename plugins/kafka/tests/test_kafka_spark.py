@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from laminar_conformance.spark import spark_temporary_files_in
 from laminar_sdk.spark import CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
 
 pytestmark = [
@@ -58,7 +60,11 @@ max_records_per_batch = {records_per_epoch}
 
 def run_pipeline(pipeline: Path, log: Path, crash_at: str | None) -> int:
     """``laminar run PIPELINE`` in a child process group, killed at ``crash_at`` if given."""
-    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    temporary = log.with_suffix(".tmp")
+    temporary.mkdir()
+    environment = spark_temporary_files_in(
+        temporary, {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
     environment.pop(CRASH_AT_VARIABLE, None)
     environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
     if crash_at is not None:
@@ -77,6 +83,7 @@ def run_pipeline(pipeline: Path, log: Path, crash_at: str | None) -> int:
         finally:
             with suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)  # workers a killed JVM left behind
+            shutil.rmtree(temporary)
 
 
 def test_kafka_to_kafka_killed_twice_delivers_every_id_once(kafka, tmp_path):
