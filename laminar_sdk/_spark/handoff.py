@@ -17,17 +17,18 @@ sends batches in messages until the next writer.
 
 The files hold a micro-batch's records: the directory is the user's own, readable by no one
 else (mode 0700), and a directory of that name that another user owns, or that others may
-read, is not used. They are transport, not durable state: nothing is fsynced. They live under
-the query's id and the micro-batch's, and the commit removes the micro-batch's directory when
-it ends, committed or failed — also the files of task attempts that failed and of micro-batches a
-crashed run left behind. Once an epoch's commit is decided, the sink's own staging (never
-these files) is what finishes it.
+read, is not used (a warning says so). They are transport, not durable state: nothing is
+fsynced. They live under the query's id and the micro-batch's, and the commit removes the
+micro-batch's directory when it ends, committed or failed — also the files of task attempts
+that failed and of micro-batches a crashed run left behind. Once an epoch's commit is
+decided, the sink's own staging (never these files) is what finishes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import getpass
+import logging
 import os
 import re
 import secrets
@@ -36,6 +37,8 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger("laminar_sdk.spark")
 
 _TOKEN_FILE = "driver-token"  # noqa: S105 - a file name; the token proves a path, guards nothing
 _BATCH = re.compile(r"batch-(\d+)")
@@ -47,8 +50,13 @@ def default_root() -> Path:
 
 
 def _user() -> str:
+    uid = _uid()
+    return str(uid) if uid is not None else getpass.getuser()
+
+
+def _uid() -> int | None:
     getuid = getattr(os, "getuid", None)  # POSIX only
-    return str(getuid()) if getuid is not None else getpass.getuser()
+    return None if getuid is None else getuid()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +79,20 @@ class HandoffDirectory:
         :param root: where (default: :func:`default_root`).
         :returns: ``None`` when the directory cannot be made or read (a read-only or full
             temporary directory), or is not this user's alone: every task then sends its
-            batches in messages.
+            batches in messages, slower, and a warning says why.
         """
         root = root or default_root()
         token_file = root / _TOKEN_FILE
         try:
             root.mkdir(mode=0o700, parents=True, exist_ok=True)
             if not _private(root):
+                _warn_unused(root, "another user owns it, others may read it, or it is a link")
                 return None
             if not token_file.exists():
                 _make_token(token_file)
             return cls(str(root), token_file.read_text())
-        except OSError:
+        except OSError as error:
+            _warn_unused(root, str(error))
             return None
 
     def reachable(self) -> bool:
@@ -122,11 +132,21 @@ class HandoffDirectory:
 
 def _private(directory: Path) -> bool:
     """Whether ``directory`` is this user's, and no one else may read or enter it (POSIX)."""
-    getuid = getattr(os, "getuid", None)
-    if getuid is None:
+    uid = _uid()
+    if uid is None:
         return True
     status = directory.lstat()
-    return stat.S_ISDIR(status.st_mode) and status.st_uid == getuid() and not status.st_mode & 0o077
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == uid and not status.st_mode & 0o077
+
+
+def _warn_unused(root: Path, reason: str) -> None:
+    logger.warning(
+        "the Spark bridge cannot hand batches over in %s (%s): tasks send them to the commit "
+        "in messages, which is slower; remove that directory, or point TMPDIR at a directory "
+        "of your own",
+        root,
+        reason,
+    )
 
 
 def _make_token(token_file: Path) -> None:

@@ -6,6 +6,8 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
+
 from laminar_sdk._spark.handoff import HandoffDirectory, default_root
 
 
@@ -31,14 +33,21 @@ def test_a_task_that_reads_another_token_or_none_sends_messages(tmp_path: Path) 
     assert not elsewhere.reachable()
 
 
-def test_a_driver_that_cannot_make_the_directory_hands_off_nothing(tmp_path: Path) -> None:
+def test_a_driver_that_cannot_make_the_directory_hands_off_nothing_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "a-file").write_text("")
 
     assert HandoffDirectory.of_driver(tmp_path / "a-file" / "handoff") is None
+    (warning,) = caplog.records
+    assert warning.levelname == "WARNING"
+    assert str(tmp_path / "a-file" / "handoff") in warning.getMessage()
+    assert "Not a directory" in warning.getMessage()
+    assert "point TMPDIR" in warning.getMessage()
 
 
 def test_the_directory_is_the_users_alone_and_one_others_may_read_is_not_used(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     assert HandoffDirectory.of_driver(tmp_path / "handoff") is not None
     assert stat.S_IMODE((tmp_path / "handoff").stat().st_mode) == 0o700
@@ -50,6 +59,10 @@ def test_the_directory_is_the_users_alone_and_one_others_may_read_is_not_used(
     assert HandoffDirectory.of_driver(tmp_path / "shared") is None
     assert HandoffDirectory.of_driver(tmp_path / "link") is None, "a link may lead anywhere"
     assert list((tmp_path / "shared").iterdir()) == [], "no token written there"
+    refusals = [record.getMessage() for record in caplog.records]
+    assert len(refusals) == 2
+    assert str(tmp_path / "shared") in refusals[0]
+    assert "others may read it" in refusals[0]
 
 
 def test_each_user_has_a_directory_of_their_own() -> None:
