@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -108,6 +110,38 @@ def produce_and_count(bootstrap: str, topic: str, *, produce: int) -> int:
             break
     consumer.close()
     return seen
+
+
+def test_a_launcher_removes_the_work_directories_of_launchers_that_died(monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    script = (
+        "import os\n"
+        "from laminar_conformance.services import LocalKafka\n"
+        "print(LocalKafka()._workdir, flush=True)\n"
+        "os._exit(0)  # dies without closing, as a killed test process does\n"
+    )
+    died = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    abandoned = Path(died.stdout.strip())
+    unknown = tmp_path / "laminar-kafka-of-an-older-launcher"
+    unknown.mkdir()
+    assert abandoned.parent == tmp_path
+    assert abandoned.exists()
+
+    living = LocalKafka()
+    try:
+        assert not abandoned.exists(), "the dead launcher's directory is still there"
+        assert unknown.exists(), "a directory without a lock file is not known to be abandoned"
+        LocalKafka().close()
+        assert living._workdir.exists(), "a living launcher's directory was removed"
+    finally:
+        living.close()
+    assert not living._workdir.exists()
 
 
 @pytest.mark.slow

@@ -315,6 +315,44 @@ def resolve_kafka_jars(version: str = KAFKA_VERSION, *, progress: bool = True) -
     )
 
 
+_WORKDIR_PREFIX = "laminar-kafka-"
+_IN_USE = ".in-use"  # in a temporary work directory: locked while its launcher lives
+
+
+def _temporary_workdir() -> tuple[Path, int]:
+    """A new temporary work directory, and the descriptor of its lock, held until closed.
+
+    First removes the temporary work directories of launchers that died without closing (a
+    killed test process): their lock is free. The lock file is locked before it takes its
+    name, so no other launcher ever finds it unlocked while its owner lives.
+    """
+    root = Path(tempfile.gettempdir())
+    _remove_abandoned_workdirs(root)
+    workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=root))
+    staged = workdir / f"{_IN_USE}.new"
+    lock = os.open(staged, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    staged.rename(workdir / _IN_USE)
+    return workdir, lock
+
+
+def _remove_abandoned_workdirs(root: Path) -> None:
+    """Remove this user's launcher work directories in ``root`` whose lock no one holds."""
+    for workdir in root.glob(f"{_WORKDIR_PREFIX}*"):
+        try:
+            lock = os.open(workdir / _IN_USE, os.O_RDWR)
+        except OSError:  # not a launcher's of this version, or another user's
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its launcher lives
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+        finally:
+            os.close(lock)
+
+
 class LocalKafka:
     """One KRaft Kafka node (broker and controller) on free loopback ports.
 
@@ -323,7 +361,8 @@ class LocalKafka:
 
     :param version: the Apache Kafka release to run.
     :param workdir: where the log directory and broker log go, created when missing (default:
-        a temporary directory, removed on :meth:`close`).
+        a temporary directory, removed on :meth:`close`, or by the next launcher when this
+        process dies first).
     :param start_timeout_s: how long :meth:`start` waits for the broker to be ready.
     """
 
@@ -335,8 +374,10 @@ class LocalKafka:
         start_timeout_s: float = 60.0,
     ) -> None:
         self._version = version
-        self._owns_workdir = workdir is None
-        self._workdir = workdir or Path(tempfile.mkdtemp(prefix="laminar-kafka-"))
+        self._workdir_lock: int | None = None
+        if workdir is None:
+            workdir, self._workdir_lock = _temporary_workdir()
+        self._workdir = workdir
         self._timeout = start_timeout_s
         self._port = free_port()
         self._controller_port = free_port()
@@ -479,8 +520,10 @@ class LocalKafka:
     def close(self) -> None:
         """Stop the broker and remove a temporary work directory."""
         self.stop()
-        if self._owns_workdir:
+        lock, self._workdir_lock = self._workdir_lock, None
+        if lock is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
+            os.close(lock)
 
     def __enter__(self) -> LocalKafka:
         self.start()
