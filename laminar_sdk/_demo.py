@@ -10,7 +10,6 @@ counts every id a reader of the Parquet files sees. Then it runs the conformance
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.faults import CRASH_AT_VARIABLE
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 from laminar_sdk._terminal import format_table
 
 ROWS_PER_PARTITION = 50_000
@@ -73,19 +73,27 @@ def _require_files_plugin() -> None:
 
 
 def _laminar(
-    arguments: Sequence[str], *, crash_at: str | None = None, log: Path | None = None
+    arguments: Sequence[str], work: Path, *, crash_at: str | None = None, log: Path | None = None
 ) -> int:
-    environment = dict(os.environ)
+    """``laminar ARGUMENTS`` in a child process; its Spark's temporary files in ``work``.
+
+    They are removed when it ends: a driver killed by the crash hook leaves them behind.
+    """
+    temporary = Path(tempfile.mkdtemp(prefix="spark-tmp-", dir=work))
+    environment = spark_temporary_files_in(temporary)
     environment.pop(CRASH_AT_VARIABLE, None)
     if crash_at is not None:
         environment[CRASH_AT_VARIABLE] = crash_at
     command = [sys.executable, "-m", "laminar_sdk", *arguments]
-    if log is None:
-        return subprocess.run(command, env=environment, check=False).returncode
-    with log.open("wb") as output:
-        return subprocess.run(
-            command, env=environment, stdout=output, stderr=subprocess.STDOUT, check=False
-        ).returncode
+    try:
+        if log is None:
+            return subprocess.run(command, env=environment, check=False).returncode
+        with log.open("wb") as output:
+            return subprocess.run(
+                command, env=environment, stdout=output, stderr=subprocess.STDOUT, check=False
+            ).returncode
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
 
 
 def published_ids(path: Path) -> list[int]:
@@ -107,13 +115,13 @@ def _run_pipeline(work: Path, total: int) -> bool:
 
     _say(f"1/4 running it, to be killed (SIGKILL) in epoch {CRASH_EPOCH} at step {CRASH_STEP!r}")
     log = work / "killed-run.log"
-    status = _laminar(["run", str(pipeline)], crash_at=f"{CRASH_STEP}:{CRASH_EPOCH}", log=log)
+    status = _laminar(["run", str(pipeline)], work, crash_at=f"{CRASH_STEP}:{CRASH_EPOCH}", log=log)
     visible = len(published_ids(sink))
     _say(f"killed (exit status {status}, its output is in {log.name}); {visible} of {total} rows")
     _say(f"were visible to readers of {sink} then")
 
     _say("2/4 running it again: it resumes from the checkpoint")
-    status = _laminar(["run", str(pipeline)])
+    status = _laminar(["run", str(pipeline)], work)
     if status != 0:
         _say(f"the second run failed with status {status}")
         return False
@@ -146,7 +154,8 @@ def _run_conformance(work: Path) -> bool:
             "quick",
             "--report",
             str(report),
-        ]
+        ],
+        work,
     )
     if report.exists():
         print(report.read_text(), flush=True)

@@ -25,12 +25,10 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from laminar_conformance.services import die_with_parent
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
-
-TEMPORARY_FILES_OPTION = "-Djava.io.tmpdir"
-"""The JVM option naming the directory where a Spark driver keeps its temporary files."""
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
@@ -167,29 +165,6 @@ class ChildRun:
             return self.log.read_text(errors="replace")[-characters:]
         except OSError as error:
             return f"(no output: {error})"
-
-
-def spark_temporary_files_in(
-    directory: Path, environment: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """An environment for a child process starting Spark: its temporary files in ``directory``.
-
-    It is ``environment`` (``os.environ`` by default) and two variables. A Spark driver keeps
-    files in the JVM's temporary directory, ``/tmp`` whatever ``TMPDIR`` says: its local
-    directories (``spark-*``, ``blockmgr-*``), ``artifacts-*``, and native libraries it
-    unpacks (``liblz4-java-*.so``). Only its shutdown removes them, so a driver killed at a
-    crash point leaves them all behind. ``TMPDIR`` points Python's temporary files there (the
-    Spark bridge's hand-off files among them), and ``SPARK_SUBMIT_OPTS`` (the options
-    ``spark-submit`` gives the driver's JVM, which is how PySpark starts it) gains the JVM's
-    temporary directory. Remove ``directory`` once the child is gone.
-    """
-    child = dict(os.environ if environment is None else environment)
-    quoted = str(directory).replace("\\", "\\\\").replace('"', '\\"')
-    inherited = child.get("SPARK_SUBMIT_OPTS", "").strip()
-    option = f'{TEMPORARY_FILES_OPTION}="{quoted}"'  # the last one wins over the caller's
-    child["SPARK_SUBMIT_OPTS"] = f"{inherited} {option}".strip()
-    child["TMPDIR"] = str(directory)
-    return child
 
 
 class RunningChild:

@@ -35,11 +35,11 @@ from laminar_conformance._spark_pipeline import (
     RunningChild,
     SparkPipeline,
     run_in_child,
-    spark_temporary_files_in,
     start_child,
 )
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import ConnectorRole
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

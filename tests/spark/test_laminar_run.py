@@ -77,3 +77,4 @@ def test_the_quick_start_demo_survives_its_kill_exactly_once(tmp_path: Path) -> 
     assert table == ["100000", "100000", "100000", "0", "0"]
     assert "the conformance kit's quick profile on the 'files' sink" in result.stdout
     assert "every applicable check passed" in result.stdout
+    assert not list((tmp_path / "demo").glob("spark-tmp-*")), "the killed run's files were left"
