@@ -66,11 +66,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from confluent_kafka.admin import AdminClient, NewTopic
 from laminar_conformance.services import ServiceError, die_with_parent, kafka_service
 from laminar_conformance.services._kafka import resolve_maven_jars
-from laminar_conformance.spark import spark_temporary_files_in
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from laminar_sdk import load_connector_registry
+from laminar_sdk import load_connector_registry, spark_temporary_files_in
 from laminar_sdk.spark import build_session
 
 TARGET = 0.8

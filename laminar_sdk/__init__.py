@@ -97,6 +97,7 @@ from laminar_sdk._schema import (
     SchemaProvider,
     SchemaRegistryAware,
 )
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 from laminar_sdk._types import (
     ConnectorMetrics,
     DeliveryGuarantee,
@@ -200,6 +201,7 @@ __all__ = [
     "open_checkpointer",
     "parse_bool",
     "prune_checkpoints",
+    "spark_temporary_files_in",
     "stage_task",
     "store_for_location",
     "validate_delivery_guarantee",

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from laminar_conformance.services import die_with_parent
-from laminar_sdk._spark.temporary_files import spark_temporary_files_in
+from laminar_sdk import spark_temporary_files_in
 
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""

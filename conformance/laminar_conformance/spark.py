@@ -39,7 +39,6 @@ from laminar_conformance._spark_pipeline import (
 )
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import ConnectorRole
-from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,7 +52,6 @@ __all__ = [
     "SparkSourceSuite",
     "run_in_child",
     "run_pipeline",
-    "spark_temporary_files_in",
     "start_child",
 ]
 

@@ -20,13 +20,7 @@ from typing import NoReturn
 
 import pyarrow as pa
 import pytest
-from laminar_conformance.spark import (
-    ChildRun,
-    SparkPipeline,
-    run_in_child,
-    spark_temporary_files_in,
-    start_child,
-)
+from laminar_conformance.spark import ChildRun, SparkPipeline, run_in_child, start_child
 from spark_pipelines import (
     MAX_RECORDS_PER_BATCH,
     committed_epochs,
@@ -45,6 +39,7 @@ from laminar_sdk import (
     SourceConnector,
     load_connector_registry,
     open_checkpointer,
+    spark_temporary_files_in,
 )
 from laminar_sdk._spark import faults
 from laminar_sdk._spark.faults import (

@@ -19,7 +19,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
-from laminar_conformance.spark import spark_temporary_files_in
+from laminar_sdk import spark_temporary_files_in
 from laminar_sdk.spark import CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
 
 pytestmark = [
