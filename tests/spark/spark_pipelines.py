@@ -11,8 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 from laminar_conformance.spark import SparkPipeline, run_pipeline, start_child
 from pyspark.sql import SparkSession
+
+from laminar_sdk.reference import IDS_SCHEMA
 
 PARTITIONS = 2
 BATCH_SIZE = 10
@@ -22,6 +25,14 @@ MAX_RECORDS_PER_BATCH = 25
 def expected_ids(rows: int) -> list[int]:
     """Every id a generator of ``rows`` rows per partition produces."""
     return list(range(rows * PARTITIONS))
+
+
+def ids_batch(first: int, count: int) -> pa.RecordBatch:
+    """``count`` rows of the reference connectors' schema, ids from ``first`` on."""
+    ids = list(range(first, first + count))
+    return pa.RecordBatch.from_pydict(
+        {"id": ids, "partition": [0] * count, "value": [0.5] * count}, schema=IDS_SCHEMA
+    )
 
 
 def committed_epochs(work: Path) -> list[str]:

@@ -6,14 +6,13 @@ import pickle
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark.errors import AnalysisException, StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import CaseInsensitiveDict
 from pyspark.sql.types import StructType
-from spark_pipelines import committed_epochs, expected_ids, run_exactly_once
+from spark_pipelines import committed_epochs, expected_ids, ids_batch, run_exactly_once
 
 from laminar_sdk import InvalidState, WriteError
 from laminar_sdk._spark import handoff
@@ -60,13 +59,6 @@ def _ids_writer(tmp_path: Path) -> LaminarStreamWriter:
     return LaminarDataSource(_writer_options(tmp_path)).streamWriter(schema, overwrite=False)
 
 
-def _ids_batch(first: int, count: int) -> pa.RecordBatch:
-    ids = list(range(first, first + count))
-    return pa.RecordBatch.from_pydict(
-        {"id": ids, "partition": [0] * count, "value": [0.5] * count}, schema=IDS_SCHEMA
-    )
-
-
 def test_a_redelivered_micro_batch_is_committed_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,8 +67,8 @@ def test_a_redelivered_micro_batch_is_committed_once(
     # memory sink as a seed-contract sink (one writer per epoch, no distributed commit).
     monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
     writer = _ids_writer(tmp_path)
-    first = writer.write(iter([_ids_batch(0, 5), _ids_batch(5, 5)]))
-    second = writer.write(iter([_ids_batch(10, 3)]))
+    first = writer.write(iter([ids_batch(0, 5), ids_batch(5, 5)]))
+    second = writer.write(iter([ids_batch(10, 3)]))
 
     for _ in range(2):
         _ids_writer(tmp_path).commit([first, second], 0)
@@ -155,7 +147,7 @@ def test_a_write_task_ships_its_batches_compressed_and_whole(
     # The commit message crosses the JVM on its way to the committing worker, copied several
     # times: its size is what a micro-batch waits for.
     monkeypatch.setattr(MemorySink, "as_distributed_commit", lambda self: None)
-    batches = [_ids_batch(0, 20_000), _ids_batch(20_000, 5)]
+    batches = [ids_batch(0, 20_000), ids_batch(20_000, 5)]
 
     message = _ids_writer(tmp_path).write(iter(batches))
 
@@ -178,11 +170,11 @@ def test_a_write_task_on_the_drivers_machine_hands_its_batches_over_in_a_file(
 ) -> None:
     writer = _ids_writer(tmp_path)
     in_task(0, partition=0)
-    first = writer.write(iter([_ids_batch(0, 20_000), _ids_batch(20_000, 5)]))
+    first = writer.write(iter([ids_batch(0, 20_000), ids_batch(20_000, 5)]))
     in_task(0, partition=1)
-    second = writer.write(iter([_ids_batch(20_005, 3)]))
+    second = writer.write(iter([ids_batch(20_005, 3)]))
     in_task(0, partition=1, attempt=1)
-    writer.write(iter([_ids_batch(20_005, 3)]))  # an attempt Spark drops: its file is left
+    writer.write(iter([ids_batch(20_005, 3)]))  # an attempt Spark drops: its file is left
     TaskContext._setTaskContext(None)
 
     assert isinstance(first, HandedOffBatchesMessage)
@@ -203,16 +195,16 @@ def test_a_write_task_that_does_not_see_the_drivers_token_sends_its_batches(
     (handoff_root / "driver-token").write_text("another machine's")  # what the task reads
     in_task(0, partition=0)
 
-    message = writer.write(iter([_ids_batch(0, 5)]))
+    message = writer.write(iter([ids_batch(0, 5)]))
 
     assert isinstance(message, ArrowBatchesMessage)
-    assert list(message.batches()) == [_ids_batch(0, 5)]
+    assert list(message.batches()) == [ids_batch(0, 5)]
 
 
 def _handed_off(tmp_path: Path, in_task: Callable[..., TaskContext]) -> HandedOffBatchesMessage:
     """What one write task of micro-batch 0 hands over: five ids, in a file."""
     in_task(0, partition=0)
-    message = _ids_writer(tmp_path).write(iter([_ids_batch(0, 5)]))
+    message = _ids_writer(tmp_path).write(iter([ids_batch(0, 5)]))
     TaskContext._setTaskContext(None)
     assert isinstance(message, HandedOffBatchesMessage)
     return message
@@ -250,4 +242,4 @@ def test_a_task_that_cannot_write_its_hand_off_file_fails_naming_the_directory(
     in_task(0, partition=0)
 
     with pytest.raises(WriteError, match=f"cannot hand micro-batch 0's records .* {handoff_root}"):
-        writer.write(iter([_ids_batch(0, 5)]))
+        writer.write(iter([ids_batch(0, 5)]))

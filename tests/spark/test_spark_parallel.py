@@ -28,6 +28,7 @@ from spark_pipelines import (
     committed_epochs,
     crash_children,
     expected_ids,
+    ids_batch,
     run_exactly_once,
 )
 
@@ -287,13 +288,6 @@ def sink_options(tmp_path: Path) -> CaseInsensitiveDict:
         path=str(tmp_path / "sink"),
         checkpointLocation=str(tmp_path / "checkpoint"),
         **{"laminar.delivery": "exactly-once"},
-    )
-
-
-def ids_batch(first: int, count: int) -> pa.RecordBatch:
-    ids = list(range(first, first + count))
-    return pa.RecordBatch.from_pydict(
-        {"id": ids, "partition": [0] * count, "value": [0.5] * count}, schema=IDS_SCHEMA
     )
 
 
