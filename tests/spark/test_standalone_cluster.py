@@ -63,10 +63,14 @@ def scala_version() -> str:
 def spark_daemon(name: str, arguments: list[str], log: Path, ready: str) -> Iterator[int]:
     """A master or worker JVM until the block ends; yields its process group.
 
-    ``ready`` is the log line that says it started.
+    ``ready`` is the log line that says it started. The JVM keeps its temporary files in
+    ``NAME.tmp`` beside ``log``: it is SIGKILLed, so none of its shutdown hooks would remove
+    them from ``/tmp``.
     """
     java = shutil.which("java")
     assert java is not None, "java is not on PATH"
+    temporary = log.with_suffix(".tmp")
+    temporary.mkdir()
     environment = {
         **os.environ,
         "SPARK_HOME": str(PYSPARK_HOME),
@@ -75,7 +79,15 @@ def spark_daemon(name: str, arguments: list[str], log: Path, ready: str) -> Iter
     classpath = f"{PYSPARK_HOME / 'conf'}{os.pathsep}{PYSPARK_HOME / 'jars'}/*"
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [java, "-Xmx512m", "-cp", classpath, f"org.apache.spark.deploy.{name}", *arguments],
+            [
+                java,
+                "-Xmx512m",
+                f"-Djava.io.tmpdir={temporary}",
+                "-cp",
+                classpath,
+                f"org.apache.spark.deploy.{name}",
+                *arguments,
+            ],
             stdout=output,
             stderr=subprocess.STDOUT,
             env=environment,
