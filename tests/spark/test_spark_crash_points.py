@@ -354,8 +354,8 @@ def test_a_child_keeps_its_temporary_files_in_a_directory_given_to_the_jvm(tmp_p
     assert environment["TMPDIR"] == str(directory)
     # The caller's options stay, and the directory comes last (so it wins), quoted for
     # spark-submit's parser: a backslash or a double quote escaped.
-    expected = str(directory).replace("\\", "\\\\").replace('"', '\\"')
-    assert environment["SPARK_SUBMIT_OPTS"] == f'-Xss4m -Djava.io.tmpdir="{expected}"'
+    expected = rf'-Xss4m -Djava.io.tmpdir="{tmp_path}/a \"quoted\" \\ dir"'
+    assert environment["SPARK_SUBMIT_OPTS"] == expected
     assert environment["KEPT"] == "1"
     assert inherited["TMPDIR"] == "/elsewhere", "the caller's mapping was changed"
 
