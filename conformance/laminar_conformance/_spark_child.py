@@ -55,6 +55,8 @@ def start_query(spark: SparkSession, pipeline: SparkPipeline) -> StreamingQuery:
         .options(**pipeline.source_options)
         .option("laminar.delivery", pipeline.delivery)
         .option("laminar.max.records.per.batch", str(pipeline.max_records_per_batch))
+        # A polled source keeps its read log there, beside the sink's manifests.
+        .option("checkpointLocation", pipeline.checkpoint_location)
         .load()
     )
     if pipeline.transform is not None:

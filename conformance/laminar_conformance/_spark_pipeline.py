@@ -208,6 +208,14 @@ class RunningChild:
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks or imports
             )
 
+    def kill(self) -> None:
+        """SIGKILL the child and every process it started (its Spark driver, Python workers).
+
+        A kill at a moment the caller picks, not at a crash point: :meth:`wait` still reports
+        the run (``crashed`` is false, as the crash hook did not fire).
+        """
+        _kill_group(self._process.pid)
+
     def wait(self) -> ChildRun:
         """Wait for the child (killing it when it overruns its timeout), then clean up."""
         timed_out = False

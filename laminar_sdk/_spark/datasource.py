@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pyarrow as pa
-from pyspark.errors import PySparkNotImplementedError
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
@@ -17,12 +16,13 @@ from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_sch
 from laminar_sdk._spark.connectors import opened_sink, opened_source
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import (
+    CHECKPOINT_LOCATION,
     BridgeOptions,
+    checkpointer_of,
     connector_registry,
     parse_options,
-    sink_checkpointer,
 )
-from laminar_sdk._spark.reader import LaminarRangeReader, LaminarStreamReader
+from laminar_sdk._spark.reader import LaminarPolledReader, LaminarRangeReader
 from laminar_sdk._spark.writer import LaminarStreamWriter
 
 FORMAT_NAME = "laminar"
@@ -45,9 +45,10 @@ class LaminarDataSource(DataSource):
     stream is loaded (source) or when the query starts (sink).
 
     How a connector is read and written depends on what it offers: a range-readable source is
-    read in parallel tasks (:meth:`streamReader`), any other through one process
-    (:meth:`simpleStreamReader`; Spark falls back to it when :meth:`streamReader` raises
-    ``PySparkNotImplementedError``); a distributed-commit sink is staged by the write tasks
+    read range by range in parallel tasks, any other is polled by Spark's planning process
+    into the read log, whose slices the tasks read (:mod:`._spark.reader`) — so a micro-batch
+    re-run after a crash holds exactly its first run's records either way; a distributed-commit
+    sink is staged by the write tasks
     and committed together, any other is written at the commit (:mod:`._spark.writer`), the
     tasks on the driver's machine handing their batches over in files
     (:mod:`._spark.handoff`).
@@ -59,27 +60,24 @@ class LaminarDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        """The source's schema: the source is opened (and closed) to ask for it."""
-        options = self._options(ConnectorRole.SOURCE)
+        """The source's schema: the source is opened (and closed) to ask for it.
+
+        Every check of the read side runs here, when the stream is loaded.
+        """
+        options, _ = self._source()
         return spark_schema(asyncio.run(_source_schema(options)), options.connector)
 
-    def streamReader(self, schema: StructType) -> LaminarRangeReader:  # noqa: N802 - Spark's name
-        """A parallel reader of a range-readable source, after checking the guarantee.
+    def streamReader(  # noqa: N802 - Spark's name
+        self, schema: StructType
+    ) -> LaminarRangeReader | LaminarPolledReader:
+        """The reader of the source: by ranges when it is range-readable, else polled and logged.
 
-        :raises PySparkNotImplementedError: when the source is not range-readable, so that
-            Spark asks :meth:`simpleStreamReader` instead.
+        :raises ConfigurationError: for a polled source without a checkpoint location.
         """
         options, source = self._source()
         if source.as_range_readable() is None:
-            raise PySparkNotImplementedError(
-                errorClass="NOT_IMPLEMENTED", messageParameters={"feature": "streamReader"}
-            )
+            return LaminarPolledReader(options, arrow_schema(schema))
         return LaminarRangeReader(options, arrow_schema(schema))
-
-    def simpleStreamReader(self, schema: StructType) -> LaminarStreamReader:  # noqa: N802 - Spark's name
-        """A reader of the source connector, after checking the delivery guarantee."""
-        options, _ = self._source()
-        return LaminarStreamReader(options, arrow_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LaminarStreamWriter:  # noqa: N802 - Spark's name
         """A writer to the sink connector, after opening it to check every setting.
@@ -104,7 +102,11 @@ class LaminarDataSource(DataSource):
         return parse_options(self.options, role)
 
     def _source(self) -> tuple[BridgeOptions, SourceConnector]:
-        """The read side's options and an unopened source, the delivery guarantee checked."""
+        """The read side's options and an unopened source, every setting checked.
+
+        :raises ConfigurationError: for a guarantee the source cannot keep, or a polled source
+            without a checkpoint location for its read log.
+        """
         options = self._options(ConnectorRole.SOURCE)
         source = connector_registry().create_source(options.connector)
         validate_delivery_guarantee(
@@ -113,6 +115,15 @@ class LaminarDataSource(DataSource):
             sinks={},
             checkpointing_enabled=True,
         )
+        if source.as_range_readable() is None and options.checkpoint_location is None:
+            raise ConfigurationError(
+                f"source {options.connector!r} is polled (it is not range-readable): each "
+                "micro-batch it reads is kept in the laminar checkpoint location until Spark "
+                "commits it, so that a micro-batch run again after a crash holds exactly the "
+                "same records. Give readStream the same .option('checkpointLocation', DIR) as "
+                f"writeStream, or .option('{CHECKPOINT_LOCATION}', DIR)",
+                key=CHECKPOINT_LOCATION,
+            )
         return options, source
 
 
@@ -153,7 +164,7 @@ def _checked_sink(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema
 
 async def _sink_schema(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema, bool]:
     """The sink's schema, checked against the stream's, and whether it commits distributed."""
-    sink_checkpointer(options)
+    checkpointer_of(options)
     async with opened_sink(options) as sink:
         validate_delivery_guarantee(
             options.delivery,

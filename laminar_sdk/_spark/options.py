@@ -5,9 +5,9 @@ case. The bridge splits them into:
 
 - ``connector`` — the registered connector name (required);
 - ``laminar.*`` — the SDK's own settings (:data:`SDK_OPTIONS`; an unknown one is an error);
-- Spark's own ``checkpointLocation`` (read for the default of ``laminar.checkpoint.location``)
-  and ``path`` (connector config when the connector declares a ``path`` key, an error
-  otherwise);
+- Spark's own ``checkpointLocation`` (read on either side, for the default of
+  ``laminar.checkpoint.location``) and ``path`` (connector config when the connector declares
+  a ``path`` key, an error otherwise);
 - everything else — the connector's configuration, validated against the keys it declares,
   whose spelling (case) is restored from the declaration.
 """
@@ -24,6 +24,7 @@ from laminar_sdk._checkpointing.registry import open_checkpointer, store_for_loc
 from laminar_sdk._errors import CheckpointError, ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._spark.read_log import READ_LOG_DIRECTORY
 from laminar_sdk._types import DeliveryGuarantee
 
 CONNECTOR_OPTION = "connector"
@@ -76,14 +77,16 @@ SDK_OPTIONS: tuple[SdkOption, ...] = (
     ),
     SdkOption(
         CHECKPOINT_LOCATION,
-        frozenset({ConnectorRole.SINK}),
+        _BOTH,
         f"<checkpointLocation>/{LAMINAR_CHECKPOINT_DIRECTORY}",
-        "where the epoch manifests of the sink are kept; required when Spark's "
-        "checkpointLocation is not given as an option",
+        "where the SDK keeps what must survive a crash: a sink's epoch manifests, and a polled "
+        f"source's read log (under {READ_LOG_DIRECTORY}/); required for a sink, and for a source "
+        "that is not range-readable, when Spark's checkpointLocation is not given as an option "
+        "on that side",
     ),
     SdkOption(
         CHECKPOINT_STORE,
-        frozenset({ConnectorRole.SINK}),
+        _BOTH,
         "<chosen by the location's scheme>",
         "the checkpoint store (file, object, or one installed by a plugin)",
     ),
@@ -105,9 +108,10 @@ class BridgeOptions:
     :param properties: the connector's configuration, with the declared spelling of its keys.
     :param delivery: the delivery guarantee asked for.
     :param max_records_per_batch: most records read per micro-batch (sources).
-    :param checkpoint_location: where epoch manifests are kept (sinks).
-    :param checkpoint_store: the checkpoint store name, or ``None`` to infer it (sinks).
-    :param checkpoint_options: settings passed to the checkpoint store (sinks).
+    :param checkpoint_location: the laminar checkpoint location: where a sink's epoch manifests
+        and a source's read log are kept; ``None`` for a source given none.
+    :param checkpoint_store: the checkpoint store name, or ``None`` to infer it.
+    :param checkpoint_options: settings passed to the checkpoint store.
     """
 
     connector: str
@@ -130,17 +134,20 @@ def connector_registry() -> ConnectorRegistry:
     return load_connector_registry()
 
 
-def sink_checkpointer(options: BridgeOptions) -> Checkpointer:
-    """The checkpoint store of a sink's options, opened once per process and kept.
+def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Checkpointer:
+    """The checkpoint store at the options' laminar checkpoint location, opened once and kept.
 
     Spark asks the bridge for a writer and commits each micro-batch in Python workers it
     reuses; finding the store among the installed ones (an entry-point scan) each time was a
     good part of a micro-batch's fixed cost.
 
+    :param directory: a directory under the location to open the store at instead.
     :raises CheckpointError: for an unknown store or a location it refuses.
     """
     location = options.checkpoint_location
-    assert location is not None, "parse_options sets it for sinks"
+    assert location is not None, "parse_options sets it for sinks; sources check it first"
+    if directory is not None:
+        location = _child_location(location, directory)
     return _open_checkpointer(
         location, options.checkpoint_store, tuple(sorted(options.checkpoint_options.items()))
     )
@@ -195,7 +202,7 @@ def parse_options(
 def _sdk_options(lowered: Mapping[str, str], role: ConnectorRole) -> dict[str, str]:
     given = {key: value for key, value in lowered.items() if key.startswith(SDK_PREFIX)}
     for key in given:
-        if role is ConnectorRole.SINK and key.startswith(CHECKPOINT_STORE_OPTION_PREFIX):
+        if key.startswith(CHECKPOINT_STORE_OPTION_PREFIX):
             continue
         option = _SDK_OPTION_NAMES.get(key)
         if option is None:
@@ -255,19 +262,20 @@ def _positive_int(sdk: Mapping[str, str], key: str) -> int:
 def _checkpoint_location(
     sdk: Mapping[str, str], lowered: Mapping[str, str], role: ConnectorRole
 ) -> str | None:
-    if role is not ConnectorRole.SINK:
-        return None
     location = sdk.get(CHECKPOINT_LOCATION)
     if location is None:
         spark_location = lowered.get(SPARK_CHECKPOINT_LOCATION)
-        if not spark_location:
+        if spark_location:
+            location = _child_location(spark_location, LAMINAR_CHECKPOINT_DIRECTORY)
+        elif role is ConnectorRole.SOURCE:
+            return None  # needed by polled sources only: the data source checks (read_log_needed)
+        else:
             raise ConfigurationError(
                 f"a laminar sink keeps its epoch manifests in {CHECKPOINT_LOCATION!r}, which "
                 "defaults to a 'laminar' directory under Spark's checkpointLocation option; "
                 "neither is set: add .option('checkpointLocation', DIR)",
                 key=CHECKPOINT_LOCATION,
             )
-        location = _child_location(spark_location, LAMINAR_CHECKPOINT_DIRECTORY)
     store = sdk.get(CHECKPOINT_STORE)
     try:
         chosen = store or store_for_location(location)
@@ -278,8 +286,8 @@ def _checkpoint_location(
         ) from error
     if chosen == "memory":
         raise ConfigurationError(
-            f"the memory checkpoint store lives in one process, and Spark commits each "
-            f"micro-batch in a new one: set {CHECKPOINT_LOCATION!r} to a directory or an "
+            f"the memory checkpoint store lives in one process, and Spark runs each "
+            f"micro-batch in others: set {CHECKPOINT_LOCATION!r} to a directory or an "
             "object-store URL",
             key=CHECKPOINT_STORE if store else CHECKPOINT_LOCATION,
         )

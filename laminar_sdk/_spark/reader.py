@@ -1,22 +1,21 @@
-"""The source side: a connector read as a Spark streaming reader, one of two kinds.
+"""The source side: a connector read as a Spark ``DataSourceStreamReader``, one of two ways.
 
 Spark's offsets are the source's :class:`SourceCheckpoint` (``to_dict()``), kept in Spark's
-offset log.
+offset log. A micro-batch Spark runs again after a crash — with the offsets it logged for it —
+holds exactly the records of its first run, whichever way the source is read:
 
-A range-readable source (:meth:`SourceConnector.as_range_readable`) is read by
-:class:`LaminarRangeReader`, a ``DataSourceStreamReader``: Spark's planning process asks the
-source where a micro-batch ends (``plan_end``), and each partition whose offset moved is read
-by a task of its own, on the executors, with ``read_range`` — the records of a micro-batch
-never pass through one process, and replaying a micro-batch after a restart reads the same
-ranges again.
+- a range-readable source (:meth:`SourceConnector.as_range_readable`) is read by
+  :class:`LaminarRangeReader`: Spark's planning process asks the source where a micro-batch
+  ends (``plan_end``), and each partition whose offset moved is read by a task of its own, on
+  the executors, with ``read_range`` — a re-run reads the same ranges again;
+- any other source is read by :class:`LaminarPolledReader`: the planning process polls it once
+  per micro-batch and keeps the records in the read log (:mod:`~laminar_sdk._spark.read_log`),
+  whose entry the end offset names; the tasks of the micro-batch, and of any re-run, read the
+  entry's slices in parallel, and the entry is deleted once Spark committed the micro-batch.
 
-Any other source is read by :class:`LaminarStreamReader`, a ``SimpleDataSourceStreamReader``:
-every call opens the source, restores the checkpoint it is given and closes the source again,
-so nothing depends on the Python process it runs in (Spark calls ``read`` in a long-lived
-process of its own and ``readBetweenOffsets``, the replay of a micro-batch after a restart, on
-an executor). The records of a micro-batch are read in the process that plans it and travel to
-Spark as Arrow batches (``read`` may yield ``pyarrow.RecordBatch`` — Spark's
-``records_to_arrow_batches`` passes them through unconverted). That suits moderate rates.
+Readers open the sources they need and close them again, so nothing depends on the Python
+process Spark calls them in; readers may yield ``pyarrow.RecordBatch`` (Spark passes them on
+unconverted).
 """
 
 from __future__ import annotations
@@ -28,11 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSourceStreamReader,
-    InputPartition,
-    SimpleDataSourceStreamReader,
-)
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -46,12 +41,17 @@ from laminar_sdk._errors import InvalidState, ReadError
 from laminar_sdk._parallel import PartitionRange, RangeReadableSource
 from laminar_sdk._spark.arrow import conform_source_batch
 from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source
-from laminar_sdk._spark.options import BridgeOptions
+from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
+from laminar_sdk._spark.read_log import READ_LOG_DIRECTORY, LoggedSlice, ReadLog, ReadLogEntry
 
 logger = logging.getLogger("laminar_sdk.spark")
 
 Offset = dict[str, Any]
-"""A Spark offset: a :class:`SourceCheckpoint` as :meth:`SourceCheckpoint.to_dict` gives it."""
+"""A Spark offset: a :class:`SourceCheckpoint` as :meth:`SourceCheckpoint.to_dict` gives it,
+and for a polled source the micro-batch's read-log entry under :data:`READ_LOG_OFFSET_KEY`."""
+
+READ_LOG_OFFSET_KEY = "read_log"
+"""The key of a polled micro-batch's read-log entry in its end offset."""
 
 
 @dataclass(frozen=True)
@@ -175,19 +175,31 @@ def _max_records(limit: ReadLimit) -> int | None:
     raise InvalidState("a read limit of rows (ReadMaxRows) or none (ReadAllAvailable)", repr(limit))
 
 
-class LaminarStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Reads a source connector micro-batch by micro-batch, its checkpoints as Spark offsets.
+@dataclass(frozen=True)
+class LoggedInputPartition(InputPartition):
+    """One Spark task's share of a polled micro-batch: one slice of its read-log entry."""
 
-    A micro-batch is what the source returns from the start checkpoint on, up to
-    ``laminar.max.records.per.batch`` records, until it has nothing more (``poll_batch``
-    returns ``None``) or asks for a checkpoint. Its end offset is the source's checkpoint
-    after the last record, so the next micro-batch resumes *after* it.
+    slice: LoggedSlice
 
-    :param options: the validated options of the read side.
+
+class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Reads a source that is not range-readable: polled once per micro-batch, then logged.
+
+    Spark's planning process plans each micro-batch (:meth:`latestOffset`): it opens the source,
+    restores the start checkpoint, polls up to the read limit until the source has nothing more
+    (``poll_batch`` returns ``None``) or asks for a checkpoint, writes the records to the read
+    log (:mod:`~laminar_sdk._spark.read_log`) and closes the source. The end offset is the
+    source's checkpoint after the last record, with the log entry; the next micro-batch resumes
+    *after* it. The micro-batch's tasks — and a re-run after a crash, which never polls — read
+    the logged slices, in parallel; :meth:`commit` deletes the entry once Spark committed it.
+
+    :param options: the validated options of the read side, with a checkpoint location.
     :param schema: the Arrow schema Spark expects the batches in.
     """
 
     def __init__(self, options: BridgeOptions, schema: pa.Schema) -> None:
+        if options.checkpoint_location is None:
+            raise InvalidState("a checkpoint location to keep the read log in", "none")
         self._options = options
         self._schema = schema
 
@@ -195,28 +207,49 @@ class LaminarStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailable
         """The checkpoint of the freshly opened source: where a new query starts."""
         return asyncio.run(self._initial()).to_dict()
 
-    def read(self, start: Offset) -> tuple[Iterator[pa.RecordBatch], Offset]:
-        """The next micro-batch after ``start`` and its end offset (``start`` when empty)."""
-        batches, end = asyncio.run(self._read(SourceCheckpoint.from_dict(start), None))
-        if not batches:
-            return iter(()), start
-        return iter(batches), end.to_dict()
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
+        """At most ``laminar.max.records.per.batch`` records per micro-batch."""
+        return ReadMaxRows(self._options.max_records_per_batch)
 
-    def readBetweenOffsets(self, start: Offset, end: Offset) -> Iterator[pa.RecordBatch]:  # noqa: N802 - Spark's name
-        """The records from ``start`` to ``end`` again, for a micro-batch Spark re-runs.
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802 - Spark's name
+        """Poll the micro-batch after ``start`` and log it; its end offset names the entry.
 
-        The source is restored to ``start`` and polled exactly as :meth:`read` polled it,
-        until its checkpoint is ``end``. A source that cannot replay (``supports_replay()``
-        is false) is polled the same way, and what it returns stands in for the first run's
-        records (at-least-once): a warning says so when it does not arrive at ``end``.
+        ``start`` itself when the source has nothing new (Spark then runs no micro-batch).
 
-        :raises ReadError: when a replayable source does not arrive at ``end`` (it is not
-            deterministic, or its data is gone).
+        :raises InvalidState: for a read limit other than a row count or none.
+        :raises CheckpointError: when the read log cannot be written.
         """
-        batches, _ = asyncio.run(
-            self._read(SourceCheckpoint.from_dict(start), SourceCheckpoint.from_dict(end))
-        )
-        return iter(batches)
+        checkpoint, _ = split_offset(start)
+        limit_rows = _max_records(limit)
+        most = self._options.max_records_per_batch
+        planned = asyncio.run(self._plan(checkpoint, most if limit_rows is None else limit_rows))
+        return start if planned is None else planned
+
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        """One partition per slice of the micro-batch's read-log entry."""
+        _, entry = split_offset(end)
+        if entry is None:
+            raise ReadError(
+                f"source {self._options.connector!r}: the end offset of this micro-batch names "
+                "no read-log entry. It was planned by an older laminar SDK, which did not log "
+                "what a polled source read: finish the query with that version, or start it over"
+            )
+        return [LoggedInputPartition(logged) for logged in entry.slices]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The records of one slice, as the micro-batch's first run logged them.
+
+        :raises ReadError: when the slice is gone or corrupted, naming it.
+        """
+        if not isinstance(partition, LoggedInputPartition):
+            raise InvalidState("a LoggedInputPartition", repr(partition))
+        return iter(asyncio.run(self._read_log().read(partition.slice)))
+
+    def commit(self, end: Offset) -> None:
+        """Delete the read-log entry of a micro-batch Spark committed (and older orphans)."""
+        _, entry = split_offset(end)
+        if entry is not None:
+            asyncio.run(self._read_log().discard(entry))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         """Nothing to record: a source cannot be asked where its data ends today.
@@ -226,59 +259,61 @@ class LaminarStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailable
         than the data present when the query started.
         """
 
+    def _read_log(self) -> ReadLog:
+        return ReadLog(checkpointer_of(self._options, READ_LOG_DIRECTORY), self._options.connector)
+
     async def _initial(self) -> SourceCheckpoint:
         async with opened_source(self._options) as source:
             return source.checkpoint()
 
-    async def _read(
-        self, start: SourceCheckpoint, end: SourceCheckpoint | None
-    ) -> tuple[list[pa.RecordBatch], SourceCheckpoint]:
+    async def _plan(self, start: SourceCheckpoint, max_records: int) -> Offset | None:
+        # The source stays open while its records are logged: a crash hook watching its reads
+        # (source-read) fires at its close at the latest, after the entry is durable.
         async with opened_source(self._options) as source:
             await source.restore(start)
-            batches = await self._poll(source, end)
+            batches = await _poll(source, min(max_records, self._options.max_records_per_batch))
+            if not batches:
+                return None
             reached = source.checkpoint()
-            replayable = source.supports_replay()
-        if end is not None and reached != end:
-            if not replayable:
-                # At-least-once: what the source returns now stands in for the records of
-                # the re-run micro-batch, which it cannot return again.
-                logger.warning(
-                    "source %r cannot replay: a re-run micro-batch holds the records it "
-                    "returned now (%s), not necessarily the first run's (up to %s)",
-                    self._options.connector,
-                    reached.to_json(),
-                    end.to_json(),
-                )
-                return batches, reached
-            raise ReadError(
-                f"source {self._options.connector!r} could not replay a micro-batch: from "
-                f"{start.to_json()} it reached {reached.to_json()}, not {end.to_json()}; "
-                "its data may have expired, or it is not deterministic"
-            )
-        return batches, reached
+            conformed = [
+                conform_source_batch(b, source.schema(), self._schema, self._options.connector)
+                for b in batches
+            ]
+            entry = await self._read_log().append(conformed, self._schema)
+        return logged_offset(reached, entry)
 
-    async def _poll(
-        self, source: SourceConnector, end: SourceCheckpoint | None
-    ) -> list[pa.RecordBatch]:
-        # A replay polls with the same max_records sequence as the first read, so a
-        # deterministic source returns the same batches; it stops at `end`, not on request.
-        requested = None if end is not None else source.checkpoint_requested()
-        batches: list[pa.RecordBatch] = []
-        remaining = self._options.max_records_per_batch
-        while remaining > 0 and (end is None or source.checkpoint() != end):
-            ready = source.data_ready_notify()
-            if ready is not None:
-                ready.clear()
-            polled = await source.poll_batch(remaining)
-            if polled is None or not polled.num_rows:
-                break
-            batches.append(
-                conform_source_batch(
-                    polled.records, source.schema(), self._schema, self._options.connector
-                )
-            )
-            remaining -= polled.num_rows
-            if requested is not None and requested.is_set():
-                requested.clear()
-                break
-        return batches
+
+async def _poll(source: SourceConnector, max_records: int) -> list[pa.RecordBatch]:
+    """Poll ``source`` for up to ``max_records`` records, until it has none or asks to stop."""
+    requested = source.checkpoint_requested()
+    batches: list[pa.RecordBatch] = []
+    remaining = max_records
+    while remaining > 0:
+        ready = source.data_ready_notify()
+        if ready is not None:
+            ready.clear()
+        polled = await source.poll_batch(remaining)
+        if polled is None or not polled.num_rows:
+            break
+        batches.append(polled.records)
+        remaining -= polled.num_rows
+        if requested is not None and requested.is_set():
+            requested.clear()
+            break
+    return batches
+
+
+def split_offset(offset: Offset) -> tuple[SourceCheckpoint, ReadLogEntry | None]:
+    """A Spark offset's source checkpoint, and the read-log entry it names (if any).
+
+    :raises CheckpointError: when either part is malformed.
+    """
+    fields = dict(offset)
+    logged = fields.pop(READ_LOG_OFFSET_KEY, None)
+    entry = None if logged is None else ReadLogEntry.from_dict(logged)
+    return SourceCheckpoint.from_dict(fields), entry
+
+
+def logged_offset(checkpoint: SourceCheckpoint, entry: ReadLogEntry) -> Offset:
+    """The Spark offset of a polled micro-batch: where the source stands, and its log entry."""
+    return {**checkpoint.to_dict(), READ_LOG_OFFSET_KEY: entry.to_dict()}

@@ -37,14 +37,19 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
     )
     spark.sparkContext.setLogLevel("ERROR")
     delivery = str(pipeline.delivery)
+    checkpoint_location = str(pipeline.checkpoint_location)
     reader = (
         spark.readStream.format("laminar")
         .option("connector", pipeline.source)
         .options(**pipeline.source_options)
         .option(DELIVERY, delivery)
+        # Both sides keep what must survive a crash under it (a polled source: its read log).
+        .option("checkpointLocation", checkpoint_location)
     )
     if pipeline.max_records_per_batch is not None:
         reader = reader.option(MAX_RECORDS_PER_BATCH, str(pipeline.max_records_per_batch))
+    if pipeline.checkpoint_store is not None:
+        reader = reader.option(CHECKPOINT_STORE, pipeline.checkpoint_store)
     frame = reader.load()
     if pipeline.transform_sql is not None:
         frame.createOrReplaceTempView(SOURCE_VIEW)
@@ -54,7 +59,7 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
         .option("connector", pipeline.sink)
         .options(**pipeline.sink_options)
         .option(DELIVERY, delivery)
-        .option("checkpointLocation", str(pipeline.checkpoint_location))
+        .option("checkpointLocation", checkpoint_location)
     )
     if pipeline.checkpoint_store is not None:
         writer = writer.option(CHECKPOINT_STORE, pipeline.checkpoint_store)

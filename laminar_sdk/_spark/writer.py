@@ -72,7 +72,7 @@ from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
-from laminar_sdk._spark.options import BridgeOptions, sink_checkpointer
+from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 
 logger = logging.getLogger("laminar_sdk.spark")
 
@@ -321,7 +321,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
 
     def _coordinator(self, sink: SinkConnector, query_id: str | None) -> EpochCoordinator:
         return EpochCoordinator(
-            sink_checkpointer(self._options),
+            checkpointer_of(self._options),
             {self._options.connector: sink},
             observer=crash_observer(),
             query_id=query_id,

@@ -49,6 +49,19 @@ def test_the_sink_keeps_its_manifests_under_sparks_checkpoint_location() -> None
     assert options.delivery is DeliveryGuarantee.AT_LEAST_ONCE
 
 
+def test_the_source_side_takes_the_same_checkpoint_location_or_none() -> None:
+    # A polled source keeps its read log there; the data source asks for one only for those.
+    given = parse_options({"connector": "generator", "checkpointLocation": "/ck/q1"}, SOURCE)
+    explicit = parse_options(
+        {"connector": "generator", "laminar.checkpoint.location": "s3://b/q1"}, SOURCE
+    )
+    absent = parse_options({"connector": "generator"}, SOURCE)
+
+    assert given.checkpoint_location == "/ck/q1/laminar"
+    assert explicit.checkpoint_location == "s3://b/q1"
+    assert absent.checkpoint_location is None
+
+
 @pytest.mark.parametrize(
     ("role", "options", "key", "message"),
     [
@@ -67,10 +80,20 @@ def test_the_sink_keeps_its_manifests_under_sparks_checkpoint_location() -> None
             "integer >= 1",
         ),
         (
+            SINK,
+            {
+                "connector": "null",
+                "checkpointlocation": "/ck",
+                "laminar.max.records.per.batch": "5",
+            },
+            "laminar.max.records.per.batch",
+            "source side only",
+        ),
+        (
             SOURCE,
-            {"connector": "generator", "laminar.checkpoint.location": "/x"},
+            {"connector": "generator", "laminar.checkpoint.location": "memory://a"},
             "laminar.checkpoint.location",
-            "sink side only",
+            "lives in one process",
         ),
         (SOURCE, {"connector": "generator", "path": "/x"}, "path", "takes no path"),
         (SINK, {"connector": "memory", "path": "/x"}, "laminar.checkpoint.location", "neither"),

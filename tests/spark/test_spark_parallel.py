@@ -21,7 +21,7 @@ from pyspark import TaskContext
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import CaseInsensitiveDict
-from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper, _streamReader
+from pyspark.sql.datasource_internal import _streamReader
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from spark_pipelines import (
     MAX_RECORDS_PER_BATCH,
@@ -32,9 +32,16 @@ from spark_pipelines import (
     run_exactly_once,
 )
 
-from laminar_sdk import CheckpointManifest, InvalidState, ProtocolStep, open_checkpointer
+from laminar_sdk import (
+    CheckpointManifest,
+    ConfigurationError,
+    InvalidState,
+    ProtocolStep,
+    ReadError,
+    open_checkpointer,
+)
 from laminar_sdk._spark.arrow import spark_schema
-from laminar_sdk._spark.reader import LaminarRangeReader, LaminarStreamReader
+from laminar_sdk._spark.reader import LaminarPolledReader, LaminarRangeReader
 from laminar_sdk._spark.writer import StagedTaskMessage
 from laminar_sdk.reference import IDS_SCHEMA, GeneratorSource, MemorySink, MemorySource
 from laminar_sdk.spark import LaminarDataSource
@@ -228,18 +235,25 @@ def source_options(**options: str) -> CaseInsensitiveDict:
 
 
 def test_spark_takes_the_parallel_reader_for_a_range_readable_source_only(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     source = LaminarDataSource(source_options(connector="generator", rows="5"))
     assert isinstance(_streamReader(source, SCHEMA), LaminarRangeReader)
 
     monkeypatch.setattr(GeneratorSource, "as_range_readable", lambda self: None)
-    chosen = _streamReader(source, SCHEMA)
-    assert isinstance(chosen, _SimpleStreamReaderWrapper)
-    assert isinstance(chosen.simple_reader, LaminarStreamReader)
+    with pytest.raises(ConfigurationError, match="is polled") as error:
+        _streamReader(source, SCHEMA)
+    assert error.value.key == "laminar.checkpoint.location"
+    assert ".option('checkpointLocation', DIR)" in str(error.value)
+    polled = LaminarDataSource(
+        source_options(connector="generator", rows="5", checkpointLocation=str(tmp_path))
+    )
+    assert isinstance(_streamReader(polled, SCHEMA), LaminarPolledReader)
 
 
-def read_on_executor(reader: LaminarRangeReader, start: dict, end: dict) -> list[int]:
+def read_on_executor(
+    reader: LaminarRangeReader | LaminarPolledReader, start: dict, end: dict
+) -> list[int]:
     """What Spark does with a micro-batch: plan its partitions, ship each to a task, read."""
     shipped = pickle.loads(pickle.dumps(reader))
     ids = []
@@ -277,6 +291,46 @@ def test_a_replayed_micro_batch_reads_the_same_records_after_more_were_appended(
     again = _streamReader(LaminarDataSource(options), SCHEMA)
     assert read_on_executor(again, start, end) == first
     assert sorted(read_on_executor(again, end, everything)) == [3, 4, 5, 103]
+
+
+def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+    spool = tmp_path / "source"
+    MemorySource.append(spool, range(6), partition=0)
+    MemorySource.append(spool, range(100, 104), partition=1)
+    options = source_options(
+        connector="memory", path=str(spool), checkpointLocation=str(tmp_path / "checkpoint")
+    )
+    reader = _streamReader(LaminarDataSource(options), SCHEMA)
+    assert isinstance(reader, LaminarPolledReader)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    first = read_on_executor(reader, start, end)
+    assert sorted(first) == [0, 1, 2, 3, 4, 5, 100, 101, 102, 103]
+    logged = sorted((tmp_path / "checkpoint" / "laminar" / "read-log").rglob("*.snap"))
+    assert len(logged) == 1, "one slice for a small micro-batch"
+
+    # After a restart, Spark re-runs the micro-batch from its offset log, with more appended:
+    # its records come from the log, not from polling again.
+    MemorySource.append(spool, range(6, 9), partition=0)
+    MemorySource.append(spool, range(200, 202), partition=2)
+    again = _streamReader(LaminarDataSource(options), SCHEMA)
+    assert read_on_executor(again, start, end) == first
+    following = again.latestOffset(end, ReadAllAvailable())
+    assert sorted(read_on_executor(again, end, following)) == [6, 7, 8, 200, 201]
+    assert again.latestOffset(following, ReadAllAvailable()) == following, "nothing new"
+
+    # Spark committed the micro-batch: its entry is deleted, and only that one.
+    again.commit(end)
+    assert not logged[0].exists()
+    assert sorted(read_on_executor(again, end, following)) == [6, 7, 8, 200, 201]
+    with pytest.raises(ReadError, match="gone from the read log") as gone:
+        read_on_executor(again, start, end)
+    assert logged[0].relative_to(tmp_path / "checkpoint" / "laminar" / "read-log").as_posix() in (
+        str(gone.value)
+    )
 
 
 # The writer, as Spark's workers drive it --------------------------------------------------

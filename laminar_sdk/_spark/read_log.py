@@ -1,0 +1,214 @@
+"""The read log: what each micro-batch of a polled source read, kept until Spark commits it.
+
+A source that is not range-readable can only be polled: restored to a checkpoint, it returns
+whatever is available *now*. If Spark re-ran a micro-batch after a crash by polling again from
+the micro-batch's start, a source whose data kept arriving would return more than the first
+run did, in its own order — and a source that cannot replay could not return the first run's
+records at all. So the bridge never polls for a re-run. The process that plans a micro-batch
+polls the source once, writes the records to the read log, and only then gives Spark the
+micro-batch's end offset, which names the log entry; Spark records that offset in its offset
+log before anything reads it. Every task of the micro-batch — in its first run and in any
+re-run, on any machine — reads its records from the entry. Once Spark has committed the
+micro-batch the entry is deleted (Spark's receiver write-ahead log and Feldera's step log work
+the same way).
+
+The log lives in a checkpoint store (file system or object store, see
+:mod:`laminar_sdk._checkpointing.registry`) at ``<laminar checkpoint location>/read-log``, so it
+survives whatever the laminar checkpoint location survives. An entry is one checkpoint id (a
+UUIDv7, ordered by time); its records are Arrow IPC streams stored as that checkpoint's
+artifacts ``{id}/operators/{source}/partition-{n}.snap``, one per *slice* of at most
+:data:`SLICE_BYTES`, each read by a Spark task of its own. The end offset holds every slice's
+path, row count and SHA-256, checked when the slice is read back.
+
+A crash between the poll and Spark's offset log leaves an entry no offset names; it is deleted
+by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNotFound
+from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
+from laminar_sdk._errors import CheckpointError, ReadError
+
+READ_LOG_DIRECTORY = "read-log"
+"""The directory under the laminar checkpoint location that holds the read log."""
+
+SLICE_BYTES = 32 * 1024 * 1024
+"""The most Arrow bytes one slice holds (a batch larger than that is a slice of its own):
+a micro-batch of more is read by several tasks in parallel."""
+
+ORPHAN_GRACE_S = 600.0
+"""How old an entry that no committed micro-batch named must be before it is deleted."""
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedSlice:
+    """One slice of a logged micro-batch: an Arrow IPC stream in the read log's store.
+
+    :param path: the artifact's path in the store.
+    :param sha256: its SHA-256, checked when it is read back.
+    :param rows: how many records it holds.
+    """
+
+    path: str
+    sha256: str
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLogEntry:
+    """The records of one micro-batch in the read log: its id and its slices, in order."""
+
+    checkpoint_id: CheckpointId
+    slices: tuple[LoggedSlice, ...]
+
+    @property
+    def rows(self) -> int:
+        """How many records the micro-batch holds."""
+        return sum(logged.rows for logged in self.slices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, JSON-ready dictionary (it travels in Spark's offset log)."""
+        return {
+            "id": str(self.checkpoint_id),
+            "slices": [{"path": s.path, "sha256": s.sha256, "rows": s.rows} for s in self.slices],
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> ReadLogEntry:
+        """Read an entry back from :meth:`to_dict` output.
+
+        :raises CheckpointError: when ``data`` is not one (a hand-edited offset log).
+        """
+        try:
+            if not isinstance(data, Mapping):
+                raise TypeError(f"a JSON object, not {type(data).__name__}")
+            slices = tuple(
+                LoggedSlice(str(item["path"]), str(item["sha256"]), int(item["rows"]))
+                for item in data["slices"]
+            )
+            entry = cls(CheckpointId.parse(str(data["id"])), slices)
+            for logged in slices:
+                if parse_artifact_path(logged.path).checkpoint_id != entry.checkpoint_id:
+                    raise CheckpointError(f"slice {logged.path} is not in entry {data['id']}")
+        except (KeyError, TypeError, ValueError, CheckpointError) as error:
+            raise CheckpointError(
+                f"the read-log entry in Spark's offset log is malformed ({error!r}): was the "
+                "offset log edited by hand? Restore it, or start the query over"
+            ) from error
+        return entry
+
+
+class ReadLog:
+    """The read log of one source in one laminar checkpoint location.
+
+    :param store: the checkpoint store at ``<laminar checkpoint location>/read-log``.
+    :param source: the source connector's name: its entries are kept under it.
+    """
+
+    def __init__(self, store: Checkpointer, source: str) -> None:
+        self._store = store
+        self._source = source
+        self._operator = _operator_name(source)
+
+    @property
+    def location(self) -> str:
+        """Where the log is, safe to show."""
+        return self._store.location
+
+    async def append(self, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> ReadLogEntry:
+        """Store ``batches`` durably as a new entry, in slices; return the entry.
+
+        Nothing refers to the entry until the caller hands it to Spark: a crash part-way
+        leaves an orphan, deleted later (:meth:`discard`).
+
+        :raises CheckpointError: when the store cannot write (naming where, and why).
+        """
+        entry_id = CheckpointId.new()
+        slices = []
+        for number, group in enumerate(_slices(batches)):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, schema) as stream:
+                for batch in group:
+                    stream.write_batch(batch)
+            data = sink.getvalue().to_pybytes()
+            sha256 = await self._store.save_snapshot(entry_id, self._operator, number, data)
+            path = self._store.artifact_path(entry_id, self._operator, number)
+            slices.append(LoggedSlice(path, sha256, sum(b.num_rows for b in group)))
+        return ReadLogEntry(entry_id, tuple(slices))
+
+    async def read(self, logged: LoggedSlice) -> pa.RecordBatchStreamReader:
+        """The batches of one slice, as the first run logged them.
+
+        :raises ReadError: when the slice is gone or corrupted, naming it.
+        """
+        try:
+            data = await self._store.load_artifact(logged.path, sha256=logged.sha256)
+        except CheckpointNotFound as error:
+            raise ReadError(
+                f"source {self._source!r}: the records of this micro-batch are gone from the "
+                f"read log ({logged.path} at {self.location}), so it cannot be run again with "
+                "the records its first run read. The laminar checkpoint location was deleted, "
+                "changed or restored from an older backup while Spark's checkpoint was kept: "
+                "keep (and restore) the two together, or delete both to start the query over"
+            ) from error
+        except CheckpointCorrupted as error:
+            raise ReadError(
+                f"source {self._source!r}: the read log's record of this micro-batch is "
+                f"corrupted ({error}), so it cannot be run again with the records its first "
+                "run read. Restore the laminar checkpoint location from a backup taken with "
+                "Spark's checkpoint, or delete both to start the query over"
+            ) from error
+        return pa.ipc.open_stream(pa.py_buffer(data))
+
+    async def discard(self, entry: ReadLogEntry, *, grace_s: float = ORPHAN_GRACE_S) -> None:
+        """Delete ``entry`` (its micro-batch is committed) and older orphans.
+
+        An orphan is an entry of this source older than ``entry`` and than ``grace_s``
+        seconds: its micro-batch was committed before (its discard was lost in a crash) or
+        never named in Spark's offset log (a crash came first).
+        """
+        doomed = {logged.path for logged in entry.slices}
+        cutoff_ms = time.time_ns() // 1_000_000 - grace_s * 1000
+        for path in await self._store.list_artifacts():
+            try:
+                parts = parse_artifact_path(path)
+            except CheckpointError:
+                continue  # not an artifact (a store's leftover of an interrupted write)
+            if (
+                parts.operator == self._operator
+                and parts.checkpoint_id < entry.checkpoint_id
+                and parts.checkpoint_id.timestamp_ms < cutoff_ms
+            ):
+                doomed.add(path)
+        for path in sorted(doomed):
+            await self._store.delete_artifact(path)
+
+
+def _operator_name(source: str) -> str:
+    """``source.NAME``, a name the store takes for an operator (other characters become ``_``)."""
+    return f"source.{_UNSAFE.sub('_', source)}"[:200]
+
+
+def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:
+    group: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        if group and size + batch.nbytes > SLICE_BYTES:
+            yield group
+            group, size = [], 0
+        group.append(batch)
+        size += batch.nbytes
+    if group:
+        yield group
