@@ -1,4 +1,4 @@
-"""``laminar checkpoints list|show|verify``: look into a checkpoint store from the shell."""
+"""``laminar checkpoints ...``: look into a checkpoint store from the shell, and repair it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointStoreError
 from laminar_sdk._checkpointing.ids import CheckpointId
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
-from laminar_sdk._checkpointing.recovery import verify_checkpoint
+from laminar_sdk._checkpointing.recovery import mark_committed, verify_checkpoint
 from laminar_sdk._checkpointing.registry import open_checkpointer
 from laminar_sdk._errors import CheckpointError
 from laminar_sdk._terminal import format_table
@@ -175,14 +175,43 @@ async def _checkpoints_verify(args: argparse.Namespace) -> int:
         print(f"FAILED: {len(bad_paths)} bad file(s) at {store.location}:")
         for path in bad_paths:
             print(f"  {path}")
-        print("recovery skips these (load_latest_valid); restore them from a backup if needed")
+        print(
+            "recovery passes over these: restore them from a backup, or set a checkpoint "
+            f"aside with `laminar checkpoints quarantine {store.location} ID`"
+        )
         return 1
     print(f"all {len(ids)} checkpoint(s) valid")
     return 0
 
 
+async def _checkpoints_quarantine(args: argparse.Namespace) -> int:
+    store = _open(args)
+    ids = [CheckpointId.parse(text) for text in args.checkpoints]
+    for checkpoint_id in ids:
+        moved = await store.quarantine_checkpoint(checkpoint_id)
+        print(f"set checkpoint {checkpoint_id} aside: {len(moved)} file(s) moved to")
+        for path in moved:
+            print(f"  {path}")
+    latest, problem = await _latest_or_problem(store)
+    if problem is not None:
+        print(f"warning: {problem}")
+    else:
+        print(f"latest checkpoint at {store.location}: {latest or 'none'}")
+    return 0
+
+
+async def _checkpoints_mark_committed(args: argparse.Namespace) -> int:
+    store = _open(args)
+    manifest = await mark_committed(store, args.epoch, query_id=args.query_id)
+    print(
+        f"checkpoint {manifest.checkpoint_id} at {store.location} records epochs up to "
+        f"{manifest.epoch} as committed; the next run resumes with epoch {manifest.epoch + 1}"
+    )
+    return 0
+
+
 def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``checkpoints list|show|verify`` to the ``laminar`` command's subcommands."""
+    """Add ``checkpoints list|show|verify|quarantine|mark-committed`` to ``laminar``."""
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument(
         "location", help="the checkpoint location: a directory, file://, memory://, s3://..."
@@ -199,7 +228,7 @@ def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.Argume
         help="a store option, e.g. -o endpoint=http://127.0.0.1:9000 (repeatable)",
     )
     checkpoints = commands.add_parser(
-        "checkpoints", help="list, show and verify stored checkpoints"
+        "checkpoints", help="list, show, verify and repair stored checkpoints"
     )
     checkpoint_commands = checkpoints.add_subparsers(dest="checkpoints_command", required=True)
     listing = checkpoint_commands.add_parser(
@@ -218,3 +247,19 @@ def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.Argume
         help="check every manifest and artifact (sha256); exit 1 naming each bad file",
     )
     verify.set_defaults(handler=_handler(_checkpoints_verify))
+    quarantine = checkpoint_commands.add_parser(
+        "quarantine",
+        parents=[where],
+        help="set corrupted checkpoints aside (moved under quarantine/, never loaded again)",
+    )
+    quarantine.add_argument("checkpoints", nargs="+", metavar="ID", help="a checkpoint id")
+    quarantine.set_defaults(handler=_handler(_checkpoints_quarantine))
+    mark = checkpoint_commands.add_parser(
+        "mark-committed",
+        parents=[where],
+        help="record that every epoch up to --epoch is committed (when Spark's commit log "
+        "proves it and the laminar location lost it)",
+    )
+    mark.add_argument("--epoch", type=int, required=True, help="the newest committed epoch")
+    mark.add_argument("--query-id", help="Spark's id of the streaming query the epochs belong to")
+    mark.set_defaults(handler=_handler(_checkpoints_mark_committed))

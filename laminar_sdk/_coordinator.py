@@ -40,8 +40,10 @@ import pyarrow as pa
 
 from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
+from laminar_sdk._checkpointing.errors import CheckpointStoreError
+from laminar_sdk._checkpointing.ids import checkpoint_of
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, SinkEpochStatus
-from laminar_sdk._checkpointing.recovery import load_latest_valid
+from laminar_sdk._checkpointing.recovery import load_latest_valid, search_latest_valid
 from laminar_sdk._connector import SinkConnector
 from laminar_sdk._errors import (
     CheckpointError,
@@ -157,6 +159,7 @@ class EpochCoordinator:
         self._observer = observer or _ignore
         self._query_id = query_id
         self._last: CheckpointManifest | None = None
+        self._engine_committed: int | None = None
         self._recovered = False
 
     @property
@@ -167,13 +170,20 @@ class EpochCoordinator:
     @property
     def next_epoch(self) -> int:
         """The epoch after the newest committed one (0 when none was)."""
-        return 0 if self._last is None else self._last.epoch + 1
+        return self._committed_through() + 1
 
     def is_committed(self, epoch: int) -> bool:
         """Whether ``epoch`` was already committed (a re-delivery must be skipped)."""
-        return self._last is not None and epoch <= self._last.epoch
+        return epoch <= self._committed_through()
 
-    async def recover(self, *, roll_back_next: bool = True) -> CheckpointManifest | None:
+    def _committed_through(self) -> int:
+        """The newest committed epoch, by the manifests or the engine's proof; -1 for none."""
+        recorded = -1 if self._last is None else self._last.epoch
+        return max(recorded, -1 if self._engine_committed is None else self._engine_committed)
+
+    async def recover(
+        self, *, roll_back_next: bool = True, engine_epoch: int | None = None
+    ) -> CheckpointManifest | None:
         """Bring the sinks to the newest valid checkpoint; call once, before any epoch.
 
         Sinks pending in that checkpoint are committed; the epoch after it is rolled back on
@@ -182,14 +192,28 @@ class EpochCoordinator:
 
         :param roll_back_next: ``False`` leaves the epoch after the checkpoint alone: pass it
             right before :meth:`commit_staged` of that epoch, whose write tasks have staged it
-            already (``commit_aggregated`` discards whatever other staging it has).
-        :raises CheckpointError: when checkpoints exist but none is valid, or when they
-            belong to another query than ``query_id`` (nothing is touched then).
+            already (``commit_aggregated`` discards whatever other staging of it there is).
+        :param engine_epoch: the epoch the engine runs next — Spark's batch id, which it runs
+            only once its own commit log holds every batch before it. That proof stands in
+            for newest manifests that are unreadable or missing (a torn write, a bad disk
+            block): recovery then goes on from ``engine_epoch``, rolled back on every sink and
+            written again (an exactly-once sink skips an epoch it committed before). When the
+            manifests and the engine disagree otherwise — one of the two locations deleted,
+            or restored from an older backup — recovery stops before touching anything.
+        :raises CheckpointError: when checkpoints exist but none is valid and nothing proves
+            what was committed, when they belong to another query than ``query_id``, or when
+            they disagree with ``engine_epoch`` (nothing is touched then); each names the
+            files and the ``laminar checkpoints`` command that repairs the location.
         """
-        recovered = await load_latest_valid(self._checkpointer)
-        manifest = None if recovered is None else recovered.manifest
+        search = await search_latest_valid(self._checkpointer)
+        manifest = None if search.recovered is None else search.recovered.manifest
         if manifest is not None:
             self._check_query(manifest)
+        if engine_epoch is not None:
+            self._engine_committed = self._reconcile(manifest, search.skipped, engine_epoch)
+        elif manifest is None and search.skipped:
+            await load_latest_valid(self._checkpointer, on_skip=_ignore_skip)  # raises for them
+        if manifest is not None:
             manifest = await self._finish_commit(manifest)
         self._last = manifest
         self._recovered = True
@@ -200,6 +224,78 @@ class EpochCoordinator:
                 "recovered at epoch %d (checkpoint %s)", manifest.epoch, manifest.checkpoint_id
             )
         return manifest
+
+    def _reconcile(
+        self,
+        manifest: CheckpointManifest | None,
+        skipped: Sequence[CheckpointError],
+        engine_epoch: int,
+    ) -> int | None:
+        """The newest epoch only the engine proves committed (``None``: none), or raise.
+
+        :param skipped: why completed checkpoints newer than ``manifest`` (or the latest
+            pointer) could not be loaded.
+        """
+        location = self._checkpointer.location
+        recorded = -1 if manifest is None else manifest.epoch
+        lost = sorted(
+            {
+                error.path
+                for error in skipped
+                if isinstance(error, CheckpointStoreError)
+                and error.path != self._checkpointer.latest_path()
+            }
+        )
+        if recorded > engine_epoch or (lost and recorded >= engine_epoch):
+            raise CheckpointError(
+                f"Spark's checkpoint is older than the laminar checkpoint location {location}: "
+                f"Spark runs micro-batch {engine_epoch}, but later epochs were committed "
+                f"(up to {recorded}{' and beyond, in ' + ', '.join(lost) if lost else ''}). "
+                "Was Spark's checkpointLocation restored from an older backup, or replaced? Its "
+                "micro-batches would be planned anew and skipped as committed, and their "
+                "records lost. Restore Spark's checkpointLocation and the laminar location from "
+                "the same moment, or delete both to start over"
+            )
+        proof = f"Spark's commit log holds every micro-batch before {engine_epoch}"
+        if lost and engine_epoch == 0:
+            ids = " ".join(sorted({str(checkpoint_of(path)) for path in lost}))
+            raise CheckpointError(
+                f"the newest checkpoints at {location} are unreadable or missing "
+                f"({', '.join(lost)}), and nothing proves what they held: Spark runs "
+                "micro-batch 0, so its commit log proves nothing yet, and they may belong to "
+                "an earlier query whose Spark checkpointLocation was deleted. If they belong to "
+                f"this query, set them aside with `laminar checkpoints quarantine {location} "
+                f"{ids}` and restart (epoch 0 is written again; an exactly-once sink skips it "
+                "if it was committed); for a new query, point laminar.checkpoint.location "
+                "at a new location"
+            )
+        if lost:
+            logger.warning(
+                "the newest checkpoints at %s are unreadable or missing (%s); %s, which proves "
+                "what was committed: going on with epoch %d, rolled back and written again (an "
+                "exactly-once sink skips it if it was committed). Restore the bad files from a "
+                "backup or set them aside with `laminar checkpoints quarantine %s ID...` when "
+                "convenient. %s",
+                location,
+                ", ".join(lost),
+                proof,
+                engine_epoch,
+                location,
+                "; ".join(str(error) for error in skipped),
+            )
+            return engine_epoch - 1 if engine_epoch > recorded + 1 else None
+        if engine_epoch <= recorded + 1:
+            return None  # the manifests and the engine agree
+        newest = "holds no checkpoint" if manifest is None else f"ends at epoch {recorded}"
+        raise CheckpointError(
+            f"the laminar checkpoint location {location} {newest}, but {proof}: the location "
+            "was deleted, changed or restored from an older backup while Spark's "
+            "checkpointLocation was kept, and no corrupted checkpoint explains it. If the sink "
+            "holds those micro-batches (only the laminar location was lost), record that with "
+            f"`laminar checkpoints mark-committed {location} --epoch {engine_epoch - 1}"
+            f"{' --query-id ' + self._query_id if self._query_id else ''}` and restart; "
+            "otherwise delete Spark's checkpointLocation as well, to start over"
+        )
 
     async def run_epoch(
         self,
@@ -463,6 +559,10 @@ def _distributed(name: str, sink: SinkConnector) -> DistributedCommitSink:
 
 def _ignore(step: ProtocolStep, epoch: int) -> None:
     """The observer when none is given."""
+
+
+def _ignore_skip(error: CheckpointError) -> None:
+    """Recovery reported the skipped checkpoint already."""
 
 
 def _check_schema(name: str, sink: SinkConnector, batch: pa.RecordBatch) -> None:

@@ -28,6 +28,9 @@ from laminar_sdk._errors import CheckpointError
 
 logger = logging.getLogger("laminar_sdk.checkpoint")
 
+QUARANTINE_DIRECTORY = "quarantine"
+"""Where :meth:`BlobCheckpointer.quarantine_checkpoint` moves a checkpoint's files."""
+
 # Compare-and-swap retries before a write gives up: each retry means another writer
 # succeeded meanwhile, so running out means a pathological number of racing writers.
 _MAX_ATTEMPTS = 64
@@ -148,7 +151,9 @@ class BlobCheckpointer(Checkpointer):
             raise CheckpointCorrupted(
                 f"artifact {path} at {self.location} fails its sha256 check (manifest says "
                 f"{sha256}, the {len(data)} stored bytes hash to {actual}): it is truncated or "
-                "corrupted; recover from an older checkpoint (load_latest_valid)",
+                "corrupted; recovery passes over its checkpoint to an older one. Restore it "
+                "from a backup, or set the checkpoint aside with `laminar checkpoints "
+                "quarantine LOCATION ID`",
                 path=path,
             )
         return data
@@ -210,8 +215,8 @@ class BlobCheckpointer(Checkpointer):
         except (UnicodeDecodeError, CheckpointError) as error:
             raise CheckpointCorrupted(
                 f"latest pointer {path} at {self.location} is corrupted ({len(data)} bytes that "
-                "are not a checkpoint id); recovery falls back to the newest valid checkpoint "
-                "(load_latest_valid), and the next update_latest rewrites it",
+                "are not a checkpoint id); recovery falls back to the newest valid checkpoint, "
+                "and the next completed checkpoint rewrites the pointer",
                 path=path,
             ) from error
 
@@ -234,6 +239,45 @@ class BlobCheckpointer(Checkpointer):
         for path in paths:
             if path != manifest:
                 await self._delete(path)
+
+    async def quarantine_checkpoint(self, checkpoint_id: CheckpointId) -> list[str]:
+        paths = sorted(p for p in await self._list() if checkpoint_of(p) == checkpoint_id)
+        if not paths:
+            raise CheckpointNotFound(
+                f"nothing is stored for checkpoint {checkpoint_id} at {self.location}; "
+                "`laminar checkpoints list LOCATION` shows the stored ones",
+                path=self.manifest_path(checkpoint_id),
+            )
+        # Copies first, the originals last: a crash part-way leaves both, never neither.
+        moved = []
+        for path in paths:
+            data, _ = await self._read(path)
+            await self._write(f"{QUARANTINE_DIRECTORY}/{path}", data)
+            moved.append(f"{QUARANTINE_DIRECTORY}/{path}")
+        await self._repoint_latest(leaving=checkpoint_id)
+        for path in paths:
+            await self._delete(path)
+        return moved
+
+    async def _repoint_latest(self, *, leaving: CheckpointId) -> None:
+        """Move the latest pointer off ``leaving`` to the newest valid other checkpoint."""
+        try:
+            latest = await self.read_latest()
+        except CheckpointCorrupted:
+            latest = leaving  # unreadable: as good as naming it
+        if latest != leaving:
+            return
+        for candidate in reversed(await self.list_checkpoints()):
+            if candidate == leaving:
+                continue
+            try:
+                await self.load_manifest(candidate)
+            except CheckpointError:
+                continue
+            # Moving the pointer backwards is a repair, so not update_latest (which refuses).
+            await self._write(self.latest_path(), str(candidate).encode())
+            return
+        await self._delete(self.latest_path())
 
     def _gave_up(self, path: str) -> CheckpointConflict:
         return CheckpointConflict(

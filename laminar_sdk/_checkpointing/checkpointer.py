@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 
 from laminar_sdk._checkpointing.ids import LATEST_PATH, CheckpointId, artifact_path, manifest_path
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, PartitionSnapshotEntry
+from laminar_sdk._errors import CheckpointError
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/@]*@")
 
@@ -182,3 +183,19 @@ class Checkpointer(ABC):
 
         :raises CheckpointError: when ``path`` is not inside a checkpoint's directory.
         """
+
+    async def quarantine_checkpoint(self, checkpoint_id: CheckpointId) -> list[str]:
+        """Set a checkpoint aside: move its files where recovery never looks; return them.
+
+        For a checkpoint that is corrupted or belongs to another query: its files are kept
+        (for a post-mortem, or to be put back) but no longer considered. If the latest
+        pointer names it, the pointer moves to the newest valid checkpoint left (or is
+        removed when none is). Default: refused, for stores that cannot move files.
+
+        :raises CheckpointNotFound: when nothing is stored under ``checkpoint_id``.
+        :raises CheckpointError: when this store cannot set checkpoints aside.
+        """
+        raise CheckpointError(
+            f"the checkpoint store at {self.location} ({type(self).__name__}) cannot set "
+            f"checkpoint {checkpoint_id} aside: restore the location from a backup instead"
+        )

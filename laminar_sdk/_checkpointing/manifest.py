@@ -473,7 +473,8 @@ class CheckpointManifest:
 
 def _corrupted(path: str, reason: str) -> CheckpointCorrupted:
     return CheckpointCorrupted(
-        f"manifest {path} {reason}; do not load this checkpoint: recover from an older one "
-        "(load_latest_valid) and run `laminar checkpoints verify LOCATION`",
+        f"manifest {path} {reason}; recovery passes over this checkpoint to an older one. "
+        "`laminar checkpoints verify LOCATION` lists every bad file, and "
+        "`laminar checkpoints quarantine LOCATION ID` sets a checkpoint aside",
         path=path,
     )

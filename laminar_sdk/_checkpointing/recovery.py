@@ -86,12 +86,26 @@ async def verify_checkpoint(
     return problems
 
 
-async def load_latest_valid(
+@dataclass(frozen=True, slots=True)
+class CheckpointSearch:
+    """What :func:`search_latest_valid` found.
+
+    :param recovered: the newest valid checkpoint the latest pointer allows, or ``None``.
+    :param skipped: why checkpoints the latest pointer names or allows, newer than
+        ``recovered``, were passed over — completed checkpoints that are now unreadable or
+        missing, or an unreadable pointer; empty when the latest checkpoint was valid.
+    """
+
+    recovered: RecoveredCheckpoint | None
+    skipped: tuple[CheckpointError, ...]
+
+
+async def search_latest_valid(
     checkpointer: Checkpointer,
     *,
     on_skip: Callable[[CheckpointError], None] | None = None,
-) -> RecoveredCheckpoint | None:
-    """The checkpoint to recover from: the latest, or the newest valid one before it.
+) -> CheckpointSearch:
+    """The newest valid checkpoint, and what was passed over to find it; never raises for them.
 
     Starts from the checkpoint the latest pointer names and walks back through older ones
     until one loads whole (manifest and every artifact pass their checks). Checkpoints newer
@@ -100,9 +114,6 @@ async def load_latest_valid(
 
     :param on_skip: called with the reason each time a checkpoint is passed over (default:
         log a warning to ``laminar_sdk.checkpoint``).
-    :returns: ``None`` when no checkpoint was ever completed (no latest pointer).
-    :raises CheckpointError: when checkpoints exist but none of them is valid, listing why:
-        starting from nothing would silently lose or repeat data.
     """
     report = on_skip or (lambda error: logger.warning("skipping checkpoint: %s", error))
     skipped: list[CheckpointError] = []
@@ -118,7 +129,7 @@ async def load_latest_valid(
         candidates = await checkpointer.list_checkpoints()
     else:
         if latest is None:
-            return None
+            return CheckpointSearch(None, ())
         candidates = [c for c in await checkpointer.list_checkpoints() if c <= latest]
         if latest not in candidates:
             skip(
@@ -134,10 +145,58 @@ async def load_latest_valid(
         except CheckpointError as error:
             skip(error)
             continue
-        return RecoveredCheckpoint(recovered.manifest, recovered.artifacts, tuple(skipped))
-    # Reaching here means something was skipped: the pointer, or every candidate.
-    reasons = "; ".join(str(error) for error in skipped)
-    raise CheckpointError(
-        f"no valid checkpoint at {checkpointer.location}: {reasons}. Restore the store from a "
-        "backup, or, accepting that the pipeline starts over, delete the location"
-    )
+        found = RecoveredCheckpoint(recovered.manifest, recovered.artifacts, tuple(skipped))
+        return CheckpointSearch(found, tuple(skipped))
+    return CheckpointSearch(None, tuple(skipped))
+
+
+async def load_latest_valid(
+    checkpointer: Checkpointer,
+    *,
+    on_skip: Callable[[CheckpointError], None] | None = None,
+) -> RecoveredCheckpoint | None:
+    """The checkpoint to recover from: the latest, or the newest valid one before it.
+
+    See :func:`search_latest_valid`, which this calls.
+
+    :param on_skip: called with the reason each time a checkpoint is passed over (default:
+        log a warning to ``laminar_sdk.checkpoint``).
+    :returns: ``None`` when no checkpoint was ever completed (no latest pointer).
+    :raises CheckpointError: when checkpoints exist but none of them is valid, listing why:
+        starting from nothing would silently lose or repeat data.
+    """
+    search = await search_latest_valid(checkpointer, on_skip=on_skip)
+    if search.recovered is None and search.skipped:
+        # Something was skipped (the pointer, or every candidate) and nothing is left.
+        reasons = "; ".join(str(error) for error in search.skipped)
+        raise CheckpointError(
+            f"no valid checkpoint at {checkpointer.location}: {reasons}. Restore the store "
+            "from a backup, or set the bad checkpoints aside with `laminar checkpoints "
+            "quarantine LOCATION ID...`; with none left the pipeline starts over"
+        )
+    return search.recovered
+
+
+async def mark_committed(
+    checkpointer: Checkpointer, epoch: int, *, query_id: str | None = None
+) -> CheckpointManifest:
+    """Record that every epoch up to ``epoch`` is committed: a new, latest checkpoint.
+
+    The repair for a location that lost checkpoints another record proves (Spark's commit
+    log): the next recovery resumes after ``epoch``. The checkpoint names no sink and no
+    source offsets.
+
+    :param query_id: the streaming query the epochs belong to (recovery checks it).
+    :raises CheckpointError: when a valid checkpoint of ``epoch`` or later exists already.
+    """
+    search = await search_latest_valid(checkpointer, on_skip=lambda _: None)
+    if search.recovered is not None and search.recovered.manifest.epoch >= epoch:
+        newest = search.recovered.manifest
+        raise CheckpointError(
+            f"checkpoint {newest.checkpoint_id} at {checkpointer.location} already records "
+            f"epoch {newest.epoch}, not older than {epoch}: nothing to mark"
+        )
+    manifest = CheckpointManifest.new(epoch, query_id=query_id)
+    await checkpointer.save_manifest(manifest)
+    await checkpointer.update_latest(manifest.checkpoint_id)
+    return manifest

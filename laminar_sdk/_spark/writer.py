@@ -49,6 +49,14 @@ Each task also reports Spark's query id (``sql.streaming.queryId``); the coordin
 in every manifest and refuses checkpoints of another query: when Spark's checkpoint was deleted
 but not the laminar checkpoint location, batch ids restart at 0 and would be skipped as
 committed.
+
+Every recovery is also given the batch id, which is a proof: Spark runs micro-batch ``N`` only
+once its commit log holds every batch before it, and writes that log only after ``commit``
+returned. When the newest manifests are unreadable or missing (a torn write, a bad disk block),
+that proof tells what they held and the query goes on; when the manifests and Spark's batch
+ids disagree without such an explanation (one location deleted, or restored from an older
+backup), recovery stops with an error naming the ``laminar checkpoints`` command that repairs
+it (:meth:`EpochCoordinator.recover`).
 """
 
 from __future__ import annotations
@@ -219,7 +227,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
         received = [m for m in messages if isinstance(m, BatchesMessage | StagedTaskMessage)]
         try:
-            asyncio.run(self._recover(_query_id(received)))
+            asyncio.run(self._recover(_query_id(received), batchId))
         finally:
             self._discard_handoff(messages, batchId)
 
@@ -303,21 +311,21 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     async def _commit(self, messages: Sequence[BatchesMessage], epoch: int) -> None:
         async with opened_sink(self._options) as sink:
             coordinator = self._coordinator(sink, _query_id(messages))
-            await coordinator.recover()
+            await coordinator.recover(engine_epoch=epoch)
             batches = (batch for message in messages for batch in message.batches())
             self._log(await coordinator.run_epoch(epoch, batches, {}))
 
     async def _commit_staged(self, messages: Sequence[StagedTaskMessage], epoch: int) -> None:
         async with opened_sink(self._options) as sink:
             coordinator = self._coordinator(sink, _query_id(messages))
-            await coordinator.recover(roll_back_next=False)
+            await coordinator.recover(roll_back_next=False, engine_epoch=epoch)
             descriptors = {self._options.connector: [m.descriptor for m in messages]}
             rows = sum(message.rows for message in messages)
             self._log(await coordinator.commit_staged(epoch, descriptors, rows=rows))
 
-    async def _recover(self, query_id: str | None) -> None:
+    async def _recover(self, query_id: str | None, epoch: int) -> None:
         async with opened_sink(self._options) as sink:
-            await self._coordinator(sink, query_id).recover()
+            await self._coordinator(sink, query_id).recover(engine_epoch=epoch)
 
     def _coordinator(self, sink: SinkConnector, query_id: str | None) -> EpochCoordinator:
         return EpochCoordinator(

@@ -157,3 +157,44 @@ def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
     delivered = MemorySink.committed_ids(tmp_path / "sink")
     assert_exactly_once(appended, delivered, f"random kill seed {seed}")
 
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def newest_manifest(work: Path) -> Path:
+    manifests = (work / "checkpoint" / "laminar").glob("*/manifest.json")
+    return max(manifests, key=lambda path: path.parent.name)
+
+
+# Each kill is followed by damage to the newest manifest, which Spark's commit log makes up
+# for: `done` leaves the epoch Spark re-runs committed, `commit` leaves it decided only.
+DAMAGED_RESTARTS = (("done:1", truncate), ("done:3", flip_a_byte), ("commit:5", Path.unlink))
+
+
+def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
+    tmp_path: Path, site: str, appender: Appender
+) -> None:
+    pipeline = spool_pipeline(tmp_path)
+    for number, (crash, damage) in enumerate(DAMAGED_RESTARTS):
+        run = run_in_child(pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(site,))
+        assert run.crashed, f"run {number} was not killed at {crash}:\n{run.tail()}"
+        damage(newest_manifest(tmp_path))
+
+    appended = appender.stop()
+    final = run_in_child(pipeline, tmp_path, "run-last", python_path=(site,))
+    assert final.returncode == 0, final.tail()
+
+    delivered = MemorySink.committed_ids(tmp_path / "sink")
+    assert_exactly_once(appended, delivered, "after three damaged manifests")
+    for number in range(1, len(DAMAGED_RESTARTS)):
+        log = (tmp_path / f"run-{number}.log").read_text(errors="replace")
+        assert "are unreadable or missing" in log, f"run {number} did not use the proof"
+    last_log = final.log.read_text(errors="replace")
+    assert "are unreadable or missing" in last_log

@@ -1,0 +1,197 @@
+"""Recovery with the engine's proof: corrupted newest manifests, and locations that disagree.
+
+A model of what Spark does with a sink committed by one instance (the reference ``memory``
+sink, through ``run_epoch``): each micro-batch's commit opens a sink and a coordinator, recovers
+with the micro-batch's id as the engine's proof (Spark runs batch N only once its commit log
+holds every batch before it), and runs the epoch. A crash stops the model like ``kill -9``;
+Spark's commit log is the last batch whose commit returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from laminar_sdk import (
+    CheckpointError,
+    CheckpointId,
+    EpochCoordinator,
+    ProtocolStep,
+    SimulatedCrash,
+    load_connector_registry,
+    open_checkpointer,
+)
+from laminar_sdk._checkpointing.recovery import mark_committed
+from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+
+EPOCHS = [[0, 1, 2], [3, 4], [5, 6, 7], [8], [9, 10]]
+ALL_IDS = [i for ids in EPOCHS for i in ids]
+SINK = "out"
+QUERY = "query-1"
+
+
+class CrashAt:
+    """Stops the run like ``kill -9`` the first time ``step`` is reached in ``epoch``."""
+
+    def __init__(self, step: ProtocolStep, epoch: int) -> None:
+        self.step, self.epoch = step, epoch
+
+    def __call__(self, step: ProtocolStep, epoch: int) -> None:
+        if (step, epoch) == (self.step, self.epoch):
+            raise SimulatedCrash(f"{step.value} of epoch {epoch}")
+
+
+def batch_of(ids: list[int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"id": ids, "partition": [0] * len(ids), "value": [0.5] * len(ids)}, schema=IDS_SCHEMA
+    )
+
+
+class Query:
+    """A memory sink at ``work/sink``, checkpoints at ``work/checkpoints``, Spark's commit log."""
+
+    def __init__(self, work: Path) -> None:
+        self.sink = work / "sink"
+        self.checkpoints = work / "checkpoints"
+        self.spark_committed = -1
+        self.registry = load_connector_registry()
+
+    async def run(self, observer: CrashAt | None = None, *, through: int | None = None) -> None:
+        last = len(EPOCHS) - 1 if through is None else through
+        for epoch in range(self.spark_committed + 1, last + 1):
+            sink, _ = await self.registry.open_sink("memory", {"path": str(self.sink)})
+            coordinator = EpochCoordinator(
+                open_checkpointer(str(self.checkpoints)),
+                {SINK: sink},
+                observer=observer,
+                query_id=QUERY,
+            )
+            await coordinator.recover(engine_epoch=epoch)
+            await coordinator.run_epoch(epoch, [batch_of(EPOCHS[epoch])], {})
+            await sink.close()
+            self.spark_committed = epoch
+
+    def newest_manifest(self) -> Path:
+        return max(self.checkpoints.glob("*/manifest.json"), key=lambda path: path.parent.name)
+
+    def delivered(self) -> list[int]:
+        return sorted(MemorySink.committed_ids(self.sink))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def delete(path: Path) -> None:
+    path.unlink()
+
+
+CORRUPTIONS: list[Callable[[Path], None]] = [truncate, flip_a_byte, delete]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("step", list(ProtocolStep), ids=lambda step: step.value)
+def test_a_corrupted_newest_manifest_is_survived_exactly_once(tmp_path, step, corrupt):
+    query = Query(tmp_path)
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(query.run(CrashAt(step, 2)))
+    corrupt(query.newest_manifest())
+
+    asyncio.run(query.run())
+
+    assert query.delivered() == ALL_IDS
+
+
+def test_the_proof_goes_on_when_no_manifest_is_left_readable(tmp_path, caplog):
+    query = Query(tmp_path)
+    asyncio.run(query.run(through=0))
+    asyncio.run(query.run(through=1))
+    for manifest in query.checkpoints.glob("*/manifest.json"):
+        flip_a_byte(manifest)
+
+    asyncio.run(query.run())
+
+    assert query.delivered() == ALL_IDS
+    warning = next(r.getMessage() for r in caplog.records if "unreadable or missing" in r.message)
+    assert "Spark's commit log holds every micro-batch before 2" in warning
+    assert "laminar checkpoints quarantine" in warning
+
+
+def test_without_a_proof_a_corrupted_location_stops_and_names_the_command(tmp_path):
+    query = Query(tmp_path)
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(query.run(CrashAt(ProtocolStep.DONE, 0)))
+    manifest = query.newest_manifest()
+    flip_a_byte(manifest)
+    store = open_checkpointer(str(query.checkpoints))
+    checkpoint_id = manifest.parent.name
+
+    with pytest.raises(CheckpointError, match="proves nothing yet") as error:
+        asyncio.run(query.run())
+
+    command = f"laminar checkpoints quarantine {store.location} {checkpoint_id}"
+    assert command in str(error.value)
+    assert query.delivered() == EPOCHS[0], "nothing was rolled back or written"
+
+    moved = asyncio.run(store.quarantine_checkpoint(CheckpointId.parse(checkpoint_id)))
+    asyncio.run(query.run())
+
+    assert moved == [f"quarantine/{checkpoint_id}/manifest.json"]
+    assert (query.checkpoints / moved[0]).read_bytes() != b""
+    assert query.delivered() == ALL_IDS
+
+
+@pytest.mark.parametrize("lost", ["deleted", "restored from an older backup"])
+def test_a_laminar_location_behind_spark_stops_until_marked_committed(tmp_path, lost):
+    query = Query(tmp_path)
+    asyncio.run(query.run(through=1))
+    backup = tmp_path / "backup"
+    shutil.copytree(query.checkpoints, backup)
+    asyncio.run(query.run(through=2))
+    shutil.rmtree(query.checkpoints)
+    if lost != "deleted":
+        shutil.copytree(backup, query.checkpoints)
+
+    with pytest.raises(CheckpointError, match="laminar checkpoints mark-committed") as error:
+        asyncio.run(query.run())
+
+    newest = "holds no checkpoint" if lost == "deleted" else "ends at epoch 1"
+    assert newest in str(error.value)
+    assert f"--epoch 2 --query-id {QUERY}" in str(error.value)
+    assert query.delivered() == sorted(EPOCHS[0] + EPOCHS[1] + EPOCHS[2])
+
+    asyncio.run(mark_committed(open_checkpointer(str(query.checkpoints)), 2, query_id=QUERY))
+    asyncio.run(query.run())
+
+    assert query.delivered() == ALL_IDS
+
+
+def test_a_spark_checkpoint_behind_the_laminar_location_stops(tmp_path):
+    query = Query(tmp_path)
+    asyncio.run(query.run(through=2))
+    query.spark_committed = 0  # Spark's checkpointLocation restored from an older backup
+
+    with pytest.raises(CheckpointError, match="Spark's checkpoint is older") as error:
+        asyncio.run(query.run())
+
+    assert "runs micro-batch 1, but later epochs were committed (up to 2)" in str(error.value)
+    assert query.delivered() == sorted(EPOCHS[0] + EPOCHS[1] + EPOCHS[2])
+
+
+def test_mark_committed_refuses_to_go_back(tmp_path):
+    query = Query(tmp_path)
+    asyncio.run(query.run(through=2))
+
+    with pytest.raises(CheckpointError, match="already records epoch 2"):
+        asyncio.run(mark_committed(open_checkpointer(str(query.checkpoints)), 1))
