@@ -1,11 +1,13 @@
-"""A polled source appended to while the query runs: killed again and again, exactly once.
+"""Polled sources on Spark, killed again and again: a re-run holds exactly its first run's records.
 
-The source is ``spool`` (:mod:`spool_plugin`), a multi-partition polling source written to
-today's contract only, installed as a third-party plugin. A thread keeps appending records to
-every partition while the pipeline (``spool`` -> memory sink, exactly-once) runs in child
-processes that are SIGKILLed — at the crash points where a micro-batch is re-run or re-planned,
-and at a random moment — and restarted from the same checkpoint location each time, with data
-arriving meanwhile. In the end every appended id is counted: none lost, none twice.
+``spool`` (:mod:`spool_plugin`) is a multi-partition polling source written to today's contract
+only, installed as a third-party plugin. A thread keeps appending records to every partition
+(and, after a while, to a new one) while the pipeline (``spool`` -> memory sink, exactly-once)
+runs in child processes that are SIGKILLed — at the crash points where a micro-batch is re-run
+or re-planned, and at a random moment — and restarted from the same checkpoint location each
+time, with data arriving meanwhile; the newest manifest is also damaged between restarts. In
+the end every appended id is counted: none lost, none twice. ``ticket`` (:mod:`ticket_plugin`)
+is not deterministic at all: the micro-batch Spark re-runs must hold its first run's records.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from laminar_conformance.spark import SparkPipeline, run_in_child, start_child
 from spool_plugin import append
+from ticket_plugin import journal
 
 from laminar_sdk.reference import MemorySink
 
 pytestmark = pytest.mark.spark
 
 SPOOL_PLUGIN = Path(__file__).with_name("spool_plugin.py")
+TICKET_PLUGIN = Path(__file__).with_name("ticket_plugin.py")
 PARTITIONS = 3
 MAX_RECORDS_PER_BATCH = 10_000
 """Far above what arrives between two micro-batches: each reads everything available now, as
@@ -58,6 +63,10 @@ class Appender(threading.Thread):
         self._stopped = threading.Event()
         self._next = itertools.count()
         self.appended: list[int] = []
+
+    def add_partition(self) -> None:
+        """From now on, append to one partition more (partitions added upstream)."""
+        self._partitions += 1
 
     def add(self, per_partition: int) -> None:
         """Append ``per_partition`` records to every partition now."""
@@ -136,8 +145,11 @@ def assert_exactly_once(appended: list[int], delivered: list[int], context: str)
 # Kills in this order, each run resuming the last one's checkpoint with data arriving meanwhile:
 # `done` (Spark re-runs a committed micro-batch), `source-read` (the planning process dies after
 # logging a micro-batch, before Spark's offset log names it), `write` (a planned, uncommitted
-# micro-batch is re-run), `commit` (a decided one is finished, then re-run).
+# micro-batch is re-run), `commit` (a decided one is finished, then re-run). A partition is
+# added upstream after the second kill: the restarts find one partition more than Spark's
+# offsets name.
 CRASHES = ("done:1", "source-read:1:1000", "write:4", "commit:6")
+PARTITION_ADDED_AFTER = 1
 
 
 def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
@@ -147,6 +159,8 @@ def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
     for number, crash in enumerate(CRASHES):
         run = run_in_child(pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(site,))
         assert run.crashed, f"run {number} was not killed at {crash}:\n{run.tail()}"
+        if number == PARTITION_ADDED_AFTER:
+            appender.add_partition()
     seed = random.randrange(2**32)
     kill_at_random(pipeline, tmp_path, "run-random", site, seed)
 
@@ -156,6 +170,8 @@ def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
 
     delivered = MemorySink.committed_ids(tmp_path / "sink")
     assert_exactly_once(appended, delivered, f"random kill seed {seed}")
+    partitions = set(MemorySink.committed_table(tmp_path / "sink").column("partition").to_pylist())
+    assert partitions == set(range(PARTITIONS + 1))
 
 
 def truncate(path: Path) -> None:
@@ -198,3 +214,63 @@ def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
         assert "are unreadable or missing" in log, f"run {number} did not use the proof"
     last_log = final.log.read_text(errors="replace")
     assert "are unreadable or missing" in last_log
+
+
+@pytest.fixture
+def ticket_site(install_distribution) -> str:
+    return str(
+        install_distribution(
+            "laminar-plugin-ticket",
+            modules={"ticket_plugin": TICKET_PLUGIN.read_text()},
+            plugins={"ticket": "ticket_plugin"},
+        )
+    )
+
+
+def epoch_ids(sink: Path, epoch: int) -> list[int]:
+    """The ids the memory sink at ``sink`` committed in ``epoch``."""
+    return [
+        i
+        for part in sorted((sink / "committed" / f"epoch-{epoch}").rglob("*.arrow"))
+        for batch in pa.ipc.open_file(pa.memory_map(str(part))).read_all().to_batches()
+        for i in batch.column("id").to_pylist()
+    ]
+
+
+TICKETS = 200
+RE_RUN = 3
+
+
+def test_a_re_run_holds_its_first_runs_records_even_from_a_source_that_is_not_deterministic(
+    tmp_path: Path, ticket_site: str
+) -> None:
+    # `ticket` hands out new random ids each time it is polled from a position: a re-run that
+    # polled again would hold other records than the first run planned.
+    (tmp_path / "tickets").mkdir()
+    pipeline = SparkPipeline(
+        source="ticket",
+        source_options={"path": str(tmp_path / "tickets"), "limit": str(TICKETS)},
+        sink="memory",
+        sink_options={"path": str(tmp_path / "sink")},
+        checkpoint_location=str(tmp_path / "checkpoint"),
+        delivery="exactly-once",
+        max_records_per_batch=25,
+        timeout_s=120,
+    )
+    crashed = run_in_child(
+        pipeline, tmp_path, "crashed", crash=f"write:{RE_RUN}", python_path=(ticket_site,)
+    )
+    assert crashed.crashed, crashed.tail()
+    crash_ended = time.time()
+
+    final = run_in_child(pipeline, tmp_path, "resumed", python_path=(ticket_site,))
+    assert final.returncode == 0, final.tail()
+
+    issued = journal(tmp_path / "tickets")
+    delivered = MemorySink.committed_ids(tmp_path / "sink")
+    assert len(delivered) == TICKETS, "every position once"
+    assert len(set(delivered)) == TICKETS, "no record twice"
+    assert set(delivered) <= set(issued)
+    re_run = epoch_ids(tmp_path / "sink", RE_RUN)
+    assert len(re_run) == 25
+    assert all(issued[i] < crash_ended for i in re_run), "the first run's records, not new ones"
