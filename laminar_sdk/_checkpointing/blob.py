@@ -260,15 +260,19 @@ class BlobCheckpointer(Checkpointer):
         return moved
 
     async def _repoint_latest(self, *, leaving: CheckpointId) -> None:
-        """Move the latest pointer off ``leaving`` to the newest valid other checkpoint."""
+        """Move the latest pointer off ``leaving``, back to the newest valid older checkpoint.
+
+        Never forward: a checkpoint newer than the pointer was not completed.
+        """
         try:
             latest = await self.read_latest()
         except CheckpointCorrupted:
-            latest = leaving  # unreadable: as good as naming it
-        if latest != leaving:
-            return
+            latest = None  # unreadable: which checkpoints were completed is unknown
+        else:
+            if latest != leaving:
+                return
         for candidate in reversed(await self.list_checkpoints()):
-            if candidate == leaving:
+            if candidate == leaving or (latest is not None and candidate > latest):
                 continue
             try:
                 await self.load_manifest(candidate)

@@ -1,4 +1,4 @@
-"""``laminar checkpoints list|show|verify``."""
+"""``laminar checkpoints list|show|verify|quarantine|mark-committed``."""
 
 from __future__ import annotations
 
@@ -152,3 +152,66 @@ def test_object_store_with_options(
     out = capsys.readouterr().out
     assert f"[1/1] {manifest.checkpoint_id} ok" in out
     assert s3_endpoint.secret_access_key not in out
+
+
+def test_quarantine_sets_a_bad_checkpoint_aside_and_moves_the_pointer_back(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = written[1]
+    manifest = store.root / store.manifest_path(bad.checkpoint_id)
+    manifest.write_bytes(manifest.read_bytes()[:-3])
+    stored = sorted(
+        path.relative_to(store.root).as_posix()
+        for path in (store.root / str(bad.checkpoint_id)).rglob("*")
+        if path.is_file()
+    )
+
+    assert main(["checkpoints", "quarantine", store.location, str(bad.checkpoint_id)]) == 0
+
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"set checkpoint {bad.checkpoint_id} aside: {len(stored)} file(s) moved to"
+    assert out[1:-1] == [f"  quarantine/{path}" for path in stored]
+    assert out[-1] == f"latest checkpoint at {store.location}: {written[0].checkpoint_id}"
+    assert not (store.root / str(bad.checkpoint_id)).exists()
+    assert (store.root / "quarantine" / store.manifest_path(bad.checkpoint_id)).exists()
+    assert main(["checkpoints", "verify", store.location]) == 0, "nothing bad is left"
+    assert run(store.read_latest()) == written[0].checkpoint_id
+
+
+def test_quarantine_of_an_unknown_checkpoint_is_an_error(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = "01a21313-90ed-7000-bd0a-8d77107dfe3b"
+    assert main(["checkpoints", "quarantine", store.location, unknown]) == 2
+    assert f"nothing is stored for checkpoint {unknown}" in capsys.readouterr().err
+
+
+def test_quarantine_on_an_object_store(s3_endpoint: S3Endpoint) -> None:
+    location = s3_endpoint.location("quarantine")
+    options = s3_endpoint.checkpointer_options()
+    object_store = open_checkpointer(location, options=options)
+    first = run(write_checkpoint(object_store, 1))
+    second = run(write_checkpoint(object_store, 2))
+    flags = [arg for key, value in options.items() for arg in ("-o", f"{key}={value}")]
+
+    assert main(["checkpoints", "quarantine", location, str(second.checkpoint_id), *flags]) == 0
+
+    assert run(object_store.list_checkpoints()) == [first.checkpoint_id]
+    assert run(object_store.read_latest()) == first.checkpoint_id
+
+
+def test_mark_committed_records_the_epoch_for_the_next_run(
+    store: FileCheckpointer, written: list[CheckpointManifest], capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = ["checkpoints", "mark-committed", store.location, "--epoch", "7"]
+    assert main([*arguments, "--query-id", "q-9"]) == 0
+
+    latest = run(store.read_latest())
+    assert capsys.readouterr().out == (
+        f"checkpoint {latest} at {store.location} records epochs up to 7 as committed; "
+        "the next run resumes with epoch 8\n"
+    )
+    marked = run(store.load_manifest(latest))
+    assert (marked.epoch, marked.query_id, dict(marked.sink_statuses)) == (7, "q-9", {})
+    assert main([*arguments]) == 2
+    assert "already records epoch 7" in capsys.readouterr().err
