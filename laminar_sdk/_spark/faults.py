@@ -57,9 +57,10 @@ opened for writing just before is cut to half — the torn manifest or latest po
 without atomic writes, or a file system losing unsynced data, leaves behind. Recovery must
 pass over it.
 
-For ``source-read``, ``EPOCH`` is the micro-batch's batch id in a Spark task (a replay with
-``readBetweenOffsets``, or ``read_range``). Spark's planning process, which reads the
-micro-batches of a simple (not range-readable) source, is not told batch ids: there ``EPOCH``
+For ``source-read``, ``EPOCH`` is the micro-batch's batch id in a Spark task (``read_range``).
+Spark's planning process, which polls a source that is not range-readable and writes each
+micro-batch to the read log while the source is open (a kill at the read's end comes after the
+log entry is durable, before Spark's offset log names it), is not told batch ids: there ``EPOCH``
 counts the reads that process made, from 0 — equal to the batch id in a query's first run, and
 ``EPOCH`` minus the batches in Spark's offset log after a restart.
 

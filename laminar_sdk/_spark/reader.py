@@ -135,7 +135,7 @@ class LaminarRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         So with ``trigger(availableNow=True)`` the query ends at the first micro-batch the
         source has no records for — for a source that keeps receiving data, possibly later
-        than the data present when the query started (as with the simple reader).
+        than the data present when the query started (as with a polled source).
         """
 
     def stop(self) -> None:
