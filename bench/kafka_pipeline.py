@@ -328,7 +328,6 @@ def start_laminar(
         .option("bootstrap.servers", bootstrap)
         .option("topic", route.output)
         .option("delivery", "exactly-once")
-        .option("staging.dir", str(work / "staging"))
         .option("laminar.delivery", "exactly-once")
         .option("checkpointLocation", str(work / route.output))
         .trigger(availableNow=True)

@@ -98,6 +98,7 @@ from laminar_sdk._schema import (
     SchemaRegistryAware,
 )
 from laminar_sdk._spark.temporary_files import spark_temporary_files_in
+from laminar_sdk._state import StateStore
 from laminar_sdk._types import (
     ConnectorMetrics,
     DeliveryGuarantee,
@@ -182,6 +183,7 @@ __all__ = [
     "SourceBatch",
     "SourceCheckpoint",
     "SourceConnector",
+    "StateStore",
     "StepObserver",
     "Timeout",
     "TransactionError",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TypeVar, overload
 
 from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._state import StateStore
 
 T = TypeVar("T")
 
@@ -96,9 +97,11 @@ class ConnectorConfig:
     :param connector_type: the connector name the configuration is for, used in messages.
     :param properties: the keys and values, as the user gave them.
     :param secret_keys: keys to treat as secret besides those recognised by name.
+    :param state_store: durable storage the runtime gives the connector (see
+        :attr:`state_store`).
     """
 
-    __slots__ = ("_connector_type", "_properties", "_secret_keys")
+    __slots__ = ("_connector_type", "_properties", "_secret_keys", "_state_store")
 
     def __init__(
         self,
@@ -106,6 +109,7 @@ class ConnectorConfig:
         properties: Mapping[str, str] | None = None,
         *,
         secret_keys: Iterable[str] = (),
+        state_store: StateStore | None = None,
     ) -> None:
         # Checked at run time too: configurations arrive from TOML files and Spark options.
         given: Iterable[tuple[object, object]] = (properties or {}).items()
@@ -122,6 +126,29 @@ class ConnectorConfig:
         self._connector_type = connector_type
         self._properties = props
         self._secret_keys = frozenset(secret_keys) | {k for k in props if is_secret_key(k)}
+        self._state_store = state_store
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # The state store stays behind: the runtime gives each process the store it has there.
+        return (_unpickled, (self._connector_type, self._properties, self._secret_keys))
+
+    @property
+    def state_store(self) -> StateStore | None:
+        """Durable storage of this connector's own, where the runtime keeps its checkpoints.
+
+        ``None`` when the runtime has no checkpoint location to offer (then keep what must
+        survive a crash where a setting of yours says). See :class:`StateStore`.
+        """
+        return self._state_store
+
+    def with_state_store(self, state_store: StateStore | None) -> ConnectorConfig:
+        """A copy of this configuration carrying ``state_store``."""
+        return ConnectorConfig(
+            self._connector_type,
+            self._properties,
+            secret_keys=self._secret_keys,
+            state_store=state_store,
+        )
 
     @property
     def connector_type(self) -> str:
@@ -267,6 +294,7 @@ class ConnectorConfig:
             self._connector_type,
             values,
             secret_keys=self._secret_keys | {s.name for s in by_name.values() if s.secret},
+            state_store=self._state_store,
         )
         for spec in by_name.values():
             if spec.name in values and spec.value_type is not str:
@@ -288,3 +316,9 @@ class ConnectorConfig:
     def __str__(self) -> str:
         body = ", ".join(f"{key}={value}" for key, value in self.redacted().items())
         return f"{self._connector_type}({body})"
+
+
+def _unpickled(
+    connector_type: str, properties: Mapping[str, str], secret_keys: Iterable[str]
+) -> ConnectorConfig:
+    return ConnectorConfig(connector_type, properties, secret_keys=secret_keys)

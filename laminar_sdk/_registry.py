@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from laminar_sdk._config import ConfigKeySpec, ConnectorConfig
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
+from laminar_sdk._state import StateStore
 
 
 class ConnectorRole(enum.Enum):
@@ -249,26 +250,35 @@ class ConnectorRegistry:
         return connector
 
     async def open_source(
-        self, name: str, properties: Mapping[str, str]
+        self,
+        name: str,
+        properties: Mapping[str, str],
+        *,
+        state_store: StateStore | None = None,
     ) -> tuple[SourceConnector, ConnectorConfig]:
         """Build source ``name``, validate ``properties`` and open it.
 
+        :param state_store: durable storage to give the source in its configuration.
         :returns: the opened connector and its validated configuration.
         :raises ConfigurationError: for unknown connectors and bad configuration.
         :raises PluginError: when the plugin's own code fails in its factory or ``open``.
         """
         spec = self.get(name, ConnectorRole.SOURCE)
-        config = spec.configure(properties)
+        config = spec.configure(properties).with_state_store(state_store)
         source = self.create_source(name)
         await _open(spec, source, config)
         return source, config
 
     async def open_sink(
-        self, name: str, properties: Mapping[str, str]
+        self,
+        name: str,
+        properties: Mapping[str, str],
+        *,
+        state_store: StateStore | None = None,
     ) -> tuple[SinkConnector, ConnectorConfig]:
         """Build sink ``name``, validate ``properties`` and open it (see :meth:`open_source`)."""
         spec = self.get(name, ConnectorRole.SINK)
-        config = spec.configure(properties)
+        config = spec.configure(properties).with_state_store(state_store)
         sink = self.create_sink(name)
         await _open(spec, sink, config)
         return sink, config

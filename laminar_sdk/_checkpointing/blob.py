@@ -25,6 +25,7 @@ from laminar_sdk._checkpointing.ids import (
 )
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, sha256_hex
 from laminar_sdk._errors import CheckpointError
+from laminar_sdk._state import STATE_DIRECTORY, StateStore, validate_state_name
 
 logger = logging.getLogger("laminar_sdk.checkpoint")
 
@@ -240,6 +241,9 @@ class BlobCheckpointer(Checkpointer):
             if path != manifest:
                 await self._delete(path)
 
+    def state_store(self, space: str) -> StateStore:
+        return _BlobStateStore(self, f"{STATE_DIRECTORY}/{validate_state_name(space)}")
+
     async def quarantine_checkpoint(self, checkpoint_id: CheckpointId) -> list[str]:
         paths = sorted(p for p in await self._list() if checkpoint_of(p) == checkpoint_id)
         if not paths:
@@ -290,3 +294,45 @@ class BlobCheckpointer(Checkpointer):
             "checkpoint location",
             path=path,
         )
+
+
+class _BlobStateStore(StateStore):
+    """A :class:`StateStore` over a blob checkpoint store's primitives, under a prefix."""
+
+    def __init__(self, blobs: BlobCheckpointer, prefix: str) -> None:
+        self._blobs = blobs
+        self._prefix = prefix
+
+    @property
+    def location(self) -> str:
+        return f"{self._blobs.location.rstrip('/')}/{self._prefix}"
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self._blobs._write(self._path(name), bytes(data))
+
+    async def get(self, name: str) -> bytes | None:
+        try:
+            data, _ = await self._blobs._read(self._path(name))
+        except CheckpointNotFound:
+            return None
+        return data
+
+    async def delete(self, name: str) -> None:
+        await self._blobs._delete(self._path(name))
+
+    async def names(self, prefix: str = "") -> list[str]:
+        start = f"{self._prefix}/"
+        found = [path[len(start) :] for path in await self._blobs._list() if path.startswith(start)]
+        return sorted(name for name in found if name.startswith(prefix) and _is_stored_name(name))
+
+    def _path(self, name: str) -> str:
+        return f"{self._prefix}/{validate_state_name(name)}"
+
+
+def _is_stored_name(name: str) -> bool:
+    """Whether a listed path under a state prefix is a name (not a write's leftover)."""
+    try:
+        validate_state_name(name)
+    except CheckpointError:
+        return False
+    return True

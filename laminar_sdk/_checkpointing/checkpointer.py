@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from laminar_sdk._checkpointing.ids import LATEST_PATH, CheckpointId, artifact_path, manifest_path
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, PartitionSnapshotEntry
 from laminar_sdk._errors import CheckpointError
+from laminar_sdk._state import StateStore
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/@]*@")
 
@@ -183,6 +184,15 @@ class Checkpointer(ABC):
 
         :raises CheckpointError: when ``path`` is not inside a checkpoint's directory.
         """
+
+    def state_store(self, space: str) -> StateStore | None:
+        """A :class:`StateStore` kept in this location, under ``state/<space>``.
+
+        ``None`` when this store cannot keep one (the default).
+
+        :raises CheckpointError: when ``space`` is not a safe name.
+        """
+        return None
 
     async def quarantine_checkpoint(self, checkpoint_id: CheckpointId) -> list[str]:
         """Set a checkpoint aside: move its files where recovery never looks; return them.

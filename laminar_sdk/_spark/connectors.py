@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._spark.faults import watched_sink, watched_source
-from laminar_sdk._spark.options import BridgeOptions, connector_registry
+from laminar_sdk._spark.options import BridgeOptions, checkpointer_of, connector_registry
+from laminar_sdk._state import StateStore, connector_space
 
 logger = logging.getLogger("laminar_sdk.spark")
 
@@ -27,14 +28,17 @@ T = TypeVar("T")
 async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector]:
     """The source ``options`` name, opened for the block and closed after it.
 
-    It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
-    reads (:func:`~laminar_sdk._spark.faults.watched_source`); otherwise it is the plugin's
-    own instance.
+    Its configuration carries its :class:`StateStore` when the options name a laminar
+    checkpoint location. It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names
+    a point inside its reads (:func:`~laminar_sdk._spark.faults.watched_source`); otherwise it
+    is the plugin's own instance.
 
     :raises ConfigurationError: for bad configuration.
     :raises PluginError: when the plugin's factory or ``open`` fails, naming it.
     """
-    opened, _ = await connector_registry().open_source(options.connector, options.properties)
+    opened, _ = await connector_registry().open_source(
+        options.connector, options.properties, state_store=connector_state_store(options)
+    )
     source = watched_source(opened)
     try:
         yield source
@@ -49,12 +53,23 @@ async def opened_sink(options: BridgeOptions) -> AsyncIterator[SinkConnector]:
     It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
     ``pre_commit`` or ``stage`` (:func:`~laminar_sdk._spark.faults.watched_sink`).
     """
-    opened, _ = await connector_registry().open_sink(options.connector, options.properties)
+    opened, _ = await connector_registry().open_sink(
+        options.connector, options.properties, state_store=connector_state_store(options)
+    )
     sink = watched_sink(opened)
     try:
         yield sink
     finally:
         await _close(sink, options)
+
+
+def connector_state_store(options: BridgeOptions) -> StateStore | None:
+    """The connector's own :class:`StateStore` in the laminar checkpoint location, if any."""
+    if options.checkpoint_location is None:
+        return None
+    return checkpointer_of(options).state_store(
+        connector_space(str(options.role), options.connector)
+    )
 
 
 class KeptSource:

@@ -26,7 +26,6 @@ by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNotFound
 from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
 from laminar_sdk._errors import CheckpointError, ReadError
+from laminar_sdk._state import connector_space
 
 READ_LOG_DIRECTORY = "read-log"
 """The directory under the laminar checkpoint location that holds the read log."""
@@ -48,8 +48,6 @@ a micro-batch of more is read by several tasks in parallel."""
 
 ORPHAN_GRACE_S = 600.0
 """How old an entry that no committed micro-batch named must be before it is deleted."""
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +118,7 @@ class ReadLog:
     def __init__(self, store: Checkpointer, source: str) -> None:
         self._store = store
         self._source = source
-        self._operator = _operator_name(source)
+        self._operator = connector_space("source", source)
 
     @property
     def location(self) -> str:
@@ -194,11 +192,6 @@ class ReadLog:
                 doomed.add(path)
         for path in sorted(doomed):
             await self._store.delete_artifact(path)
-
-
-def _operator_name(source: str) -> str:
-    """``source.NAME``, a name the store takes for an operator (other characters become ``_``)."""
-    return f"source.{_UNSAFE.sub('_', source)}"[:200]
 
 
 def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:

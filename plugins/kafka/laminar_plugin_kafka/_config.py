@@ -119,8 +119,9 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
     ),
     ConfigKeySpec(
         "staging.dir",
-        description="exactly-once: a directory that survives a restart of the committing "
-        "process, where each pre-committed epoch is kept until it is committed",
+        description="exactly-once: where each pre-committed epoch is kept until it is "
+        "committed; default: the laminar checkpoint location (on Spark, under "
+        "checkpointLocation), so a restart on any machine finds it",
     ),
     ConfigKeySpec(
         "schema",
@@ -245,7 +246,8 @@ class SinkSettings:
     :param topic: the topic written to.
     :param exactly_once: transactions (else an idempotent producer, at-least-once).
     :param transactional_id: the producer's transactional id (also its staging name).
-    :param staging_dir: where pre-committed epochs are kept (exactly-once).
+    :param staging_dir: where pre-committed epochs are kept (exactly-once); ``None`` for the
+        state store the runtime gives the sink.
     :param schema: the schema of the batches written.
     :param key_column: the column holding keys, if any.
     :param value_column: the column holding values (``None`` with JSON values).
@@ -470,11 +472,12 @@ def sink_settings(config: ConnectorConfig) -> SinkSettings:
             key="sink.id",
         )
     staging = config.get("staging.dir")
-    if exactly_once and not staging:
+    if exactly_once and not staging and config.state_store is None:
         raise ConfigurationError(
-            f"{SINK_NAME}: delivery=exactly-once needs staging.dir, a directory that survives a "
-            "restart of the committing process (on Spark: the driver's), where pre-committed "
-            "epochs wait for their commit; or set delivery=at-least-once",
+            f"{SINK_NAME}: delivery=exactly-once keeps each pre-committed epoch where a restart "
+            "of the committing process finds it: in the laminar checkpoint location, which this "
+            "runtime did not give the sink (on Spark it always does). Set staging.dir to a "
+            "directory that survives such a restart, or delivery=at-least-once",
             key="staging.dir",
         )
     schema = parse_schema(config.require("schema"), "schema", SINK_NAME)

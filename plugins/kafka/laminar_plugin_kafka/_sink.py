@@ -16,9 +16,10 @@ transactional id fences the dead producer and *aborts* its open transaction (res
 prepared transaction needs KIP-939, which neither the brokers' stable releases nor
 librdkafka offer; Flink's KafkaSink resumes one by setting the producer id and epoch through
 reflection on the Java client). So ``pre_commit`` also writes the epoch's batches, as an Arrow
-IPC stream, durably to ``staging.dir``; ``commit_epoch`` on an instance that did not write the
-epoch produces them again in a new transaction, with the marker, and commits that. The file is
-removed once the epoch is committed or rolled back.
+IPC stream, durably to its staging (:mod:`laminar_plugin_kafka._staging`: the laminar
+checkpoint location by default, or ``staging.dir``); ``commit_epoch`` on an instance that did
+not write the epoch produces them again in a new transaction, with the marker, and commits
+that. The staged copy is removed once the epoch is committed or rolled back.
 """
 
 from __future__ import annotations
@@ -29,12 +30,10 @@ import contextlib
 import enum
 import json
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from itertools import repeat
-from pathlib import Path
 from typing import ClassVar
 
 import pyarrow as pa
@@ -64,9 +63,6 @@ from laminar_sdk import (
     TransactionError,
     WriteError,
     WriteResult,
-    fsync_path,
-    make_dirs,
-    write_file_atomically,
 )
 from laminar_sdk.reference._lifecycle import Lifecycle
 
@@ -94,6 +90,12 @@ from laminar_plugin_kafka._config import (
     sink_settings,
 )
 from laminar_plugin_kafka._records import OutgoingRecords, outgoing_records
+from laminar_plugin_kafka._staging import (
+    STAGING_ERRORS,
+    DirectoryStaging,
+    EpochStaging,
+    StoreStaging,
+)
 
 logger = logging.getLogger("laminar_plugin_kafka")
 
@@ -104,7 +106,6 @@ _PRODUCER_DEFAULTS = {"linger.ms": 5, "queue.buffering.max.messages": 1_000_000}
 first records before it could queue the rest (250000 records of 100 bytes: ~0.25 s of
 ``produce`` calls, ~0.13 s with room for all of them). Memory stays bounded by
 ``queue.buffering.max.kbytes`` (librdkafka: 1 GiB)."""
-_STAGED = re.compile(r"epoch-(\d+)\.arrow")
 _QUEUE_FULL_WAIT_S = 0.05
 _STABLE_WAIT_S = 0.1
 _LEADER_WAIT_S = 0.01  # a created epochs.topic has a leader within milliseconds
@@ -172,19 +173,15 @@ class _Writer:
     settings: SinkSettings
     producer: Producer
     deliveries: _Deliveries
+    staging: EpochStaging | None = None
     admin: AdminClient | None = None
     last_committed: int = -1
     epoch: _OpenEpoch | None = None
 
-    @property
-    def staging(self) -> Path | None:
-        """Where this sink's pre-committed epochs are kept (exactly-once)."""
-        directory = self.settings.staging_dir
-        return None if directory is None else directory / self.settings.transactional_id
-
-    def staged_path(self, epoch: int) -> Path:
-        assert self.staging is not None, "exactly-once sinks have a staging directory"
-        return self.staging / f"epoch-{epoch}.arrow"
+    def staged(self) -> EpochStaging:
+        """Where this sink's pre-committed epochs are kept (exactly-once sinks have one)."""
+        assert self.staging is not None, "exactly-once sinks have a staging"
+        return self.staging
 
 
 class KafkaSink(SinkConnector):
@@ -198,9 +195,9 @@ class KafkaSink(SinkConnector):
     transactional id is ``laminar-TOPIC-SINK.ID``: opening a new instance fences an older one
     still running with the same id (a zombie), and aborts its open transaction. Each epoch is
     one transaction, committed with an epoch marker in ``epochs.topic``; a pre-committed
-    epoch is also staged in ``staging.dir`` so that a new instance can commit it after a
-    crash (see the module documentation for why). Readers must use
-    ``isolation.level=read_committed``.
+    epoch is also staged — in the laminar checkpoint location, or ``staging.dir`` — so that a
+    new instance can commit it after a crash (see the module documentation for why). Readers
+    must use ``isolation.level=read_committed``.
 
     ``delivery=at-least-once`` uses an idempotent producer and flushes at ``pre_commit``: an
     epoch replayed after a crash is written again.
@@ -232,9 +229,12 @@ class KafkaSink(SinkConnector):
         settings = sink_settings(config)
         deliveries = _Deliveries()
         producer = new_producer(settings.client, _producer_config(settings, deliveries))
-        writer = _Writer(settings, producer, deliveries)
+        writer = _Writer(settings, producer, deliveries, _staging(settings, config))
         try:
             await asyncio.to_thread(self._prepare, writer)
+            if writer.staging is not None:
+                # Copies of epochs committed before, which a crash left behind.
+                await writer.staging.discard_through(writer.last_committed)
         except BaseException:
             writer.producer.purge()
             raise
@@ -266,7 +266,6 @@ class KafkaSink(SinkConnector):
             finally:
                 with contextlib.suppress(Exception):  # its failure to open was raised above
                     connecting.result().close()
-        _discard_committed_staging(writer)
 
     async def close(self) -> None:
         """Abandon an open epoch (its transaction is aborted) and release the producer."""
@@ -341,7 +340,7 @@ class KafkaSink(SinkConnector):
         """Flush the epoch and stage it durably; nothing becomes visible.
 
         With exactly-once the epoch marker is produced in the transaction, every record is
-        acknowledged, and the batches are written to ``staging.dir`` (fsynced). With
+        acknowledged, and the batches are staged durably (see :class:`KafkaSink`). With
         at-least-once the records are flushed (and so visible).
 
         :raises WriteError: when records are not acknowledged within ``flush.timeout.ms``, or
@@ -362,7 +361,7 @@ class KafkaSink(SinkConnector):
         # flush leaves a staged copy behind, which rolling the epoch back discards.
         outcomes = await asyncio.gather(
             asyncio.to_thread(_flush, writer),
-            asyncio.to_thread(_stage, writer, epoch, current.batches),
+            _stage(writer, epoch, current.batches),
             return_exceptions=True,
         )
         for outcome in outcomes:  # the flush's failure first, as when they ran in turn
@@ -393,7 +392,7 @@ class KafkaSink(SinkConnector):
             if current is not None and current.number == epoch:
                 writer.epoch = None
                 self._epochs_skipped += current.phase is _Phase.SKIPPING
-            await asyncio.to_thread(_discard_staged, writer, epoch)
+            await writer.staged().discard(epoch)
             return
         if current is not None and current.number != epoch:
             raise InvalidState(f"commit_epoch({current.number})", f"commit_epoch({epoch})")
@@ -402,7 +401,8 @@ class KafkaSink(SinkConnector):
         if current is None or not current.in_transaction:
             # Pre-committed by an instance that stopped (its transaction was aborted when this
             # one opened), or aborted here: produce the staged copy in a new transaction.
-            await asyncio.to_thread(_produce_staged, writer, epoch)
+            batches = await _staged_batches(writer, epoch)
+            await asyncio.to_thread(_produce_staged, writer, epoch, batches)
             writer.epoch = _OpenEpoch(epoch, _Phase.PRE_COMMITTED, in_transaction=True)
         try:
             committed = await asyncio.to_thread(_commit_transaction, writer, epoch)
@@ -418,7 +418,7 @@ class KafkaSink(SinkConnector):
             )
         writer.last_committed = epoch
         self._epochs_committed += 1
-        await asyncio.to_thread(_discard_staged, writer, epoch)
+        await writer.staged().discard(epoch)
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Abort the epoch's transaction and discard its staged copy; idempotent.
@@ -431,8 +431,8 @@ class KafkaSink(SinkConnector):
             if current.in_transaction:
                 await asyncio.to_thread(_abort, writer, epoch)
             writer.epoch = None
-        if writer.settings.exactly_once and epoch > writer.last_committed:
-            await asyncio.to_thread(_discard_staged, writer, epoch)
+        if writer.staging is not None and epoch > writer.last_committed:
+            await writer.staging.discard(epoch)
 
     async def flush(self) -> None:
         """Wait until every record produced so far is acknowledged (see :meth:`pre_commit`)."""
@@ -666,61 +666,63 @@ def _abort(writer: _Writer, epoch: int) -> None:
     writer.deliveries.clear()
 
 
-def _stage(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
-    """Write the epoch's batches as one Arrow IPC stream file, complete and durable."""
-    path = writer.staged_path(epoch)
-    stream = pa.BufferOutputStream()
-    with pa.ipc.new_stream(stream, writer.settings.schema) as ipc:
-        for batch in batches:
-            ipc.write_batch(batch)
+def _staging(settings: SinkSettings, config: ConnectorConfig) -> EpochStaging | None:
+    """Where pre-committed epochs go: ``staging.dir``, else the runtime's state store."""
+    if not settings.exactly_once:
+        return None
+    if settings.staging_dir is not None:
+        return DirectoryStaging(settings.staging_dir, settings.transactional_id)
+    assert config.state_store is not None, "sink_settings requires one or the other"
+    return StoreStaging(config.state_store, settings.transactional_id)
+
+
+async def _stage(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
+    """Keep the epoch's batches as one Arrow IPC stream, complete and durable."""
+    staging = writer.staged()
+    data = await asyncio.to_thread(_ipc_stream, writer.settings.schema, batches)
     try:
-        make_dirs(path.parent)
-        write_file_atomically(path, stream.getvalue().to_pybytes())
-    except OSError as error:
+        await staging.save(epoch, data)
+    except STAGING_ERRORS as error:
         raise WriteError(
-            f"{SINK_NAME}: cannot stage epoch {epoch} in {path}: {error}; check staging.dir"
+            f"{SINK_NAME}: cannot stage epoch {epoch} in {staging.where(epoch)}: {error}; "
+            "check that the laminar checkpoint location (or staging.dir) is writable"
         ) from error
 
 
-def _discard_staged(writer: _Writer, epoch: int) -> None:
-    if writer.staging is None:
-        return
-    path = writer.staged_path(epoch)
-    if path.exists():
-        path.unlink()
-        fsync_path(path.parent)
+def _ipc_stream(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
+    stream = pa.BufferOutputStream()
+    with pa.ipc.new_stream(stream, schema) as ipc:
+        for batch in batches:
+            ipc.write_batch(batch)
+    return bytes(stream.getvalue().to_pybytes())
 
 
-def _discard_committed_staging(writer: _Writer) -> None:
-    """Remove staged copies of epochs committed before (a crash left them behind)."""
-    staging = writer.staging
-    if staging is None or not staging.is_dir():
-        return
-    for path in staging.iterdir():
-        match = _STAGED.fullmatch(path.name)
-        if match and int(match[1]) <= writer.last_committed:
-            path.unlink()
-    fsync_path(staging)
+async def _staged_batches(writer: _Writer, epoch: int) -> list[pa.RecordBatch]:
+    """The staged copy of an epoch an instance that stopped pre-committed.
 
-
-def _produce_staged(writer: _Writer, epoch: int) -> None:
-    """Begin a transaction holding the epoch's staged copy and marker, flushed, not committed.
-
-    :raises TransactionError: when the staged copy is missing (not transient), or producing
-        it failed (transient: the transaction was aborted, and trying again may succeed).
+    :raises TransactionError: when it is missing (not transient).
     """
-    settings = writer.settings
-    path = writer.staged_path(epoch)
-    try:
-        with pa.OSFile(str(path)) as file:
-            batches = pa.ipc.open_stream(file).read_all().to_batches()
-    except FileNotFoundError:
+    staging = writer.staged()
+    data = await staging.load(epoch)
+    if data is None:
         raise TransactionError(
             f"{SINK_NAME}: epoch {epoch} was pre-committed by an instance that stopped, and "
-            f"must be committed, but its staged copy {path} is missing: was staging.dir "
-            "changed or cleaned? The epoch's records cannot be recovered by this sink"
-        ) from None
-    logger.info("%s: committing epoch %d from its staged copy %s", SINK_NAME, epoch, path)
+            f"must be committed, but its staged copy {staging.where(epoch)} is missing: was the "
+            "laminar checkpoint location (or staging.dir) changed or cleaned? The epoch's "
+            "records cannot be recovered by this sink"
+        )
+    batches: list[pa.RecordBatch] = pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_batches()
+    return batches
+
+
+def _produce_staged(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
+    """Begin a transaction holding the epoch's staged copy and marker, flushed, not committed.
+
+    :raises TransactionError: transient: producing it failed (the transaction was aborted, and
+        trying again may succeed).
+    """
+    settings = writer.settings
+    logger.info("%s: committing epoch %d from its staged copy", SINK_NAME, epoch)
     writer.deliveries.clear()
     try:
         writer.producer.begin_transaction()

@@ -133,7 +133,7 @@ def test_bad_source_configuration_names_the_key(registry, properties, key, messa
 @pytest.mark.parametrize(
     ("properties", "key", "message"),
     [
-        ({"staging.dir": None}, "staging.dir", "needs staging.dir"),
+        ({"staging.dir": None}, "staging.dir", "Set staging.dir"),
         ({"delivery": "twice"}, "delivery", "unknown delivery guarantee"),
         ({"sink.id": "a/b"}, "sink.id", "letters, digits"),
         ({"kafka.transactional.id": "x"}, "kafka.transactional.id", "use sink.id instead"),

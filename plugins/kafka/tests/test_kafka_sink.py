@@ -12,6 +12,7 @@ from kafka_testing import CLIENT_LOGGER
 from laminar_sdk import (
     ConfigurationError,
     ConnectorRegistry,
+    FileCheckpointer,
     SinkConnector,
     SinkConnectorCapabilities,
     TransactionError,
@@ -104,16 +105,28 @@ def test_a_rolled_back_epoch_leaves_no_trace(kafka, registry, tmp_path):
     assert staged_files(tmp_path) == []
 
 
-def test_a_new_instance_commits_an_epoch_pre_committed_before_a_crash(kafka, registry, tmp_path):
+@pytest.mark.parametrize("staging", ["staging.dir", "state store"])
+def test_a_new_instance_commits_an_epoch_pre_committed_before_a_crash(
+    kafka, registry, tmp_path, staging
+):
     topic = kafka.topic()
     properties = sink_config(kafka, topic, tmp_path)
+    # Without staging.dir, the runtime's state store in the laminar checkpoint location.
+    store = FileCheckpointer(str(tmp_path / "laminar")).state_store("sink.kafka")
+    if staging == "state store":
+        del properties["staging.dir"]
+
+    async def opened() -> SinkConnector:
+        sink, _ = await registry.open_sink("kafka", properties, state_store=store)
+        return sink
 
     async def scenario():
-        crashed = await open_sink(registry, properties)
+        crashed = await opened()
         await write_epoch(crashed, 0, [1, 2])
         await write_epoch(crashed, 1, [3, 4], commit=False)
+        staged = await store.names()
         # The process dies here: the runtime's manifest says "commit epoch 1".
-        restarted = await open_sink(registry, properties)
+        restarted = await opened()
         # Opening fenced the dead producer and aborted its transaction...
         assert kafka.committed_ids(topic) == [1, 2]
         # ...so the commit produces the staged copy again, in a transaction of its own.
@@ -121,10 +134,14 @@ def test_a_new_instance_commits_an_epoch_pre_committed_before_a_crash(kafka, reg
         await restarted.commit_epoch(1)  # idempotent
         await write_epoch(restarted, 2, [5])
         await restarted.close()
+        return staged, await store.names()
 
-    asyncio.run(scenario())
+    staged, left = asyncio.run(scenario())
     assert kafka.committed_ids(topic) == [1, 2, 3, 4, 5]
     assert staged_files(tmp_path) == []
+    assert left == []
+    in_store = [f"laminar-{topic}-laminar/epoch-1.arrow"] if staging == "state store" else []
+    assert staged == in_store
 
 
 def test_a_committed_epoch_delivered_again_after_a_restart_is_skipped(kafka, registry, tmp_path):

@@ -47,7 +47,6 @@ sql = "SELECT key, value FROM source"
 connector = "kafka"
 "bootstrap.servers" = "{bootstrap}"
 topic = "{sink_topic}"
-"staging.dir" = "{staging}"
 
 [pipeline]
 delivery = "exactly-once"
@@ -97,20 +96,24 @@ def test_kafka_to_kafka_killed_twice_delivers_every_id_once(kafka, tmp_path):
             bootstrap=kafka.bootstrap,
             source_topic=source_topic,
             sink_topic=sink_topic,
-            staging=tmp_path / "staging",
             checkpoint=tmp_path / "checkpoint",
             records_per_epoch=RECORDS_PER_EPOCH,
         )
     )
 
+    # Without staging.dir, the sink keeps pre-committed epochs in the laminar checkpoint location.
+    staging = tmp_path / "checkpoint" / "laminar" / "state" / "sink.kafka"
     for run, crash_at in (("commit", "commit:1"), ("source-read", "source-read:3")):
         log = tmp_path / f"killed-at-{run}.log"
         status = run_pipeline(pipeline, log, crash_at)
         assert status != 0, log.read_text(errors="replace")[-3000:]
         crash_record = log.with_suffix(".crash")
         assert crash_record.exists(), f"not killed at {crash_at}: {log.read_text()[-3000:]}"
+        if run == "commit":
+            staged = [path.name for path in staging.rglob("*.arrow")]
+            assert staged == ["epoch-1.arrow"], "the decided epoch waits there for its commit"
     finished = tmp_path / "finished.log"
     assert run_pipeline(pipeline, finished, None) == 0, finished.read_text()[-3000:]
 
     assert kafka.committed_ids(sink_topic, PARTITIONS) == list(range(IDS))
-    assert not list((tmp_path / "staging").rglob("*.arrow")), "staged copies left behind"
+    assert not list(staging.rglob("*.arrow")), "staged copies left behind"
