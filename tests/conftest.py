@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import os
 import sys
 import textwrap
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 from hypothesis import settings
+from laminar_conformance.services import S3Endpoint, moto_s3_server
 
 from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP
 
@@ -76,3 +78,12 @@ def install_distribution(
     yield install
     for module in written:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[S3Endpoint]:
+    """moto's S3 server on loopback, with one bucket; stopped at the end, pass or fail."""
+    if importlib.util.find_spec("moto") is None or importlib.util.find_spec("obstore") is None:
+        pytest.skip("needs moto and obstore: pip install 'laminar-conformance[s3]'")
+    with moto_s3_server() as endpoint:
+        yield endpoint

@@ -11,6 +11,9 @@ if importlib.util.find_spec("pyspark") is None:
     # Without the `spark` extra there is nothing here to run.
     collect_ignore_glob = ["*.py"]
 else:
+    from pathlib import Path
+
+    from live_sources import PARTITIONS, SPOOL_PLUGIN, TICKET_PLUGIN, Appender
     from pyspark import TaskContext
     from pyspark.sql import SparkSession
 
@@ -38,3 +41,36 @@ else:
 
         yield enter
         TaskContext._setTaskContext(None)
+
+    @pytest.fixture
+    def spool_site(install_distribution) -> str:
+        """Where the ``spool`` plugin is installed, for a Spark child's ``python_path``."""
+        return str(
+            install_distribution(
+                "laminar-plugin-spool",
+                modules={"spool_plugin": SPOOL_PLUGIN.read_text()},
+                plugins={"spool": "spool_plugin"},
+            )
+        )
+
+    @pytest.fixture
+    def ticket_site(install_distribution) -> str:
+        """Where the ``ticket`` plugin is installed, for a Spark child's ``python_path``."""
+        return str(
+            install_distribution(
+                "laminar-plugin-ticket",
+                modules={"ticket_plugin": TICKET_PLUGIN.read_text()},
+                plugins={"ticket": "ticket_plugin"},
+            )
+        )
+
+    @pytest.fixture
+    def appender(tmp_path: Path) -> Iterator[Appender]:
+        """Appends to ``tmp_path/spool`` (20 records per partition at once) until the test ends."""
+        spool = tmp_path / "spool"
+        spool.mkdir()
+        running = Appender(spool, PARTITIONS)
+        running.add(20)
+        running.start()
+        yield running
+        running.stop()

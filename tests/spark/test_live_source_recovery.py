@@ -12,135 +12,25 @@ is not deterministic at all: the micro-batch Spark re-runs must hold its first r
 
 from __future__ import annotations
 
-import itertools
-import os
 import random
-import threading
 import time
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from laminar_conformance.spark import SparkPipeline, run_in_child, start_child
-from spool_plugin import append
+from laminar_conformance.spark import SparkPipeline, run_in_child
+from live_sources import (
+    PARTITIONS,
+    Appender,
+    assert_exactly_once,
+    kill_at_random,
+    spool_pipeline,
+)
 from ticket_plugin import journal
 
 from laminar_sdk.reference import MemorySink
 
 pytestmark = pytest.mark.spark
-
-SPOOL_PLUGIN = Path(__file__).with_name("spool_plugin.py")
-TICKET_PLUGIN = Path(__file__).with_name("ticket_plugin.py")
-PARTITIONS = 3
-MAX_RECORDS_PER_BATCH = 10_000
-"""Far above what arrives between two micro-batches: each reads everything available now, as
-Spark's own sources do, so a re-run that polled again would find more."""
-APPEND_INTERVAL_S = 0.02
-"""Every partition receives a record this often: a micro-batch never finds the source empty,
-so the query (``availableNow``) runs until it is killed."""
-
-
-@pytest.fixture
-def site(install_distribution) -> str:
-    return str(
-        install_distribution(
-            "laminar-plugin-spool",
-            modules={"spool_plugin": SPOOL_PLUGIN.read_text()},
-            plugins={"spool": "spool_plugin"},
-        )
-    )
-
-
-class Appender(threading.Thread):
-    """Appends one record to every partition each :data:`APPEND_INTERVAL_S`, until stopped."""
-
-    def __init__(self, directory: Path, partitions: int) -> None:
-        super().__init__(daemon=True)
-        self._directory = directory
-        self._partitions = partitions
-        self._stopped = threading.Event()
-        self._next = itertools.count()
-        self.appended: list[int] = []
-
-    def add_partition(self) -> None:
-        """From now on, append to one partition more (partitions added upstream)."""
-        self._partitions += 1
-
-    def add(self, per_partition: int) -> None:
-        """Append ``per_partition`` records to every partition now."""
-        for partition in range(self._partitions):
-            ids = [next(self._next) for _ in range(per_partition)]
-            append(self._directory, partition, ids)
-            self.appended.extend(ids)
-
-    def run(self) -> None:
-        while not self._stopped.wait(APPEND_INTERVAL_S):
-            self.add(1)
-
-    def stop(self) -> list[int]:
-        """Stop appending; every id appended."""
-        self._stopped.set()
-        self.join()
-        return self.appended
-
-
-@pytest.fixture
-def appender(tmp_path: Path) -> Iterator[Appender]:
-    spool = tmp_path / "spool"
-    spool.mkdir()
-    running = Appender(spool, PARTITIONS)
-    running.add(20)
-    running.start()
-    yield running
-    running.stop()
-
-
-def spool_pipeline(work: Path) -> SparkPipeline:
-    return SparkPipeline(
-        source="spool",
-        source_options={"path": str(work / "spool")},
-        sink="memory",
-        sink_options={"path": str(work / "sink")},
-        checkpoint_location=str(work / "checkpoint"),
-        delivery="exactly-once",
-        max_records_per_batch=MAX_RECORDS_PER_BATCH,
-        timeout_s=120,
-    )
-
-
-def committed_epochs(work: Path) -> int:
-    committed = work / "sink" / "committed"
-    return len(os.listdir(committed)) if committed.is_dir() else 0
-
-
-def kill_at_random(pipeline: SparkPipeline, work: Path, name: str, site: str, seed: int) -> None:
-    """Run ``pipeline`` and SIGKILL it at a random moment after it committed a micro-batch."""
-    before = committed_epochs(work)
-    child = start_child(pipeline, work, name, python_path=(site,))
-    deadline = time.monotonic() + pipeline.timeout_s
-    while committed_epochs(work) <= before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(random.Random(seed).uniform(0.0, 1.5))
-    child.kill()
-    run = child.wait()
-    assert run.returncode != 0, f"the run ended before its kill:\n{run.tail()}"
-
-
-def assert_exactly_once(appended: list[int], delivered: list[int], context: str) -> None:
-    counts = Counter(delivered)
-    lost = sorted(set(appended) - set(counts))
-    doubled = sorted(i for i, n in counts.items() if n > 1)
-    unknown = sorted(set(counts) - set(appended))
-    summary = (
-        f"{len(lost)} lost (first {lost[:10]}), {len(doubled)} delivered twice (first "
-        f"{doubled[:10]}), {len(unknown)} never appended; {context}"
-    )
-    assert lost == [], summary
-    assert doubled == [], summary
-    assert unknown == [], summary
-
 
 # Kills in this order, each run resuming the last one's checkpoint with data arriving meanwhile:
 # `done` (Spark re-runs a committed micro-batch), `source-read` (the planning process dies after
@@ -153,19 +43,21 @@ PARTITION_ADDED_AFTER = 1
 
 
 def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
-    tmp_path: Path, site: str, appender: Appender
+    tmp_path: Path, spool_site: str, appender: Appender
 ) -> None:
     pipeline = spool_pipeline(tmp_path)
     for number, crash in enumerate(CRASHES):
-        run = run_in_child(pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(site,))
+        run = run_in_child(
+            pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(spool_site,)
+        )
         assert run.crashed, f"run {number} was not killed at {crash}:\n{run.tail()}"
         if number == PARTITION_ADDED_AFTER:
             appender.add_partition()
     seed = random.randrange(2**32)
-    kill_at_random(pipeline, tmp_path, "run-random", site, seed)
+    kill_at_random(pipeline, tmp_path, "run-random", spool_site, seed)
 
     appended = appender.stop()
-    final = run_in_child(pipeline, tmp_path, "run-last", python_path=(site,))
+    final = run_in_child(pipeline, tmp_path, "run-last", python_path=(spool_site,))
     assert final.returncode == 0, final.tail()
 
     delivered = MemorySink.committed_ids(tmp_path / "sink")
@@ -195,16 +87,18 @@ DAMAGED_RESTARTS = (("done:1", truncate), ("done:3", flip_a_byte), ("commit:5", 
 
 
 def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
-    tmp_path: Path, site: str, appender: Appender
+    tmp_path: Path, spool_site: str, appender: Appender
 ) -> None:
     pipeline = spool_pipeline(tmp_path)
     for number, (crash, damage) in enumerate(DAMAGED_RESTARTS):
-        run = run_in_child(pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(site,))
+        run = run_in_child(
+            pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(spool_site,)
+        )
         assert run.crashed, f"run {number} was not killed at {crash}:\n{run.tail()}"
         damage(newest_manifest(tmp_path))
 
     appended = appender.stop()
-    final = run_in_child(pipeline, tmp_path, "run-last", python_path=(site,))
+    final = run_in_child(pipeline, tmp_path, "run-last", python_path=(spool_site,))
     assert final.returncode == 0, final.tail()
 
     delivered = MemorySink.committed_ids(tmp_path / "sink")
@@ -214,17 +108,6 @@ def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
         assert "are unreadable or missing" in log, f"run {number} did not use the proof"
     last_log = final.log.read_text(errors="replace")
     assert "are unreadable or missing" in last_log
-
-
-@pytest.fixture
-def ticket_site(install_distribution) -> str:
-    return str(
-        install_distribution(
-            "laminar-plugin-ticket",
-            modules={"ticket_plugin": TICKET_PLUGIN.read_text()},
-            plugins={"ticket": "ticket_plugin"},
-        )
-    )
 
 
 def epoch_ids(sink: Path, epoch: int) -> list[int]:
