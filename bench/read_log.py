@@ -31,15 +31,14 @@ import asyncio
 import importlib
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from _rounds import median_rounds, timed_in_turn
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -133,12 +132,6 @@ class Unlogged(DataSource):
         return UnloggedReader(dict(self.options))
 
 
-def _timed(start: Callable[[], None]) -> float:
-    began = time.perf_counter()
-    start()
-    return time.perf_counter() - began
-
-
 def run(
     spark: SparkSession, rows: int, batch_rows: int, work: Path, *, first: int = 0
 ) -> dict[str, float]:
@@ -180,9 +173,7 @@ def run(
         ("unlogged", unlogged),
         ("ranges", laminar("generator", "ranges")),
     ]
-    order = pipelines[first % 3 :] + pipelines[: first % 3]
-    seconds = {name: _timed(pipeline) for name, pipeline in order}
-    return {name: seconds[name] for name, _ in pipelines}
+    return timed_in_turn(pipelines, first)
 
 
 def main() -> None:
@@ -204,20 +195,17 @@ def main() -> None:
     )
     try:
         run(spark, max(4, args.rows // 20), max(2, args.batch_rows // 20), work / "warmup")
-        print(f"warmed up; timing {args.repeat} run(s) of each", flush=True)
-        runs = []
-        for number in range(args.repeat):
-            directory = work / f"run-{number}"
-            runs.append(run(spark, args.rows, args.batch_rows, directory, first=number))
-            shutil.rmtree(directory, ignore_errors=True)
-            times = ", ".join(f"{name} {elapsed:.2f} s" for name, elapsed in runs[-1].items())
-            print(f"run {number + 1}: {times}", flush=True)
+        seconds = median_rounds(
+            lambda number, directory: run(
+                spark, args.rows, args.batch_rows, directory, first=number
+            ),
+            args.repeat,
+            work,
+            args.rows,
+        )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    seconds = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
-    for name, elapsed in seconds.items():
-        print(f"{name:>9}: {elapsed:7.2f} s (median)  {args.rows / elapsed / 1e6:6.2f} M rows/s")
     print(f"logged / unlogged: {seconds['unlogged'] / seconds['logged']:.2f}x")
 
 

@@ -35,16 +35,15 @@ import argparse
 import importlib.util
 import os
 import shutil
-import statistics
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from _rounds import median_rounds, timed_in_turn
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
@@ -174,12 +173,6 @@ class HandWritten(DataSource):
         return HandWrittenWriter(self.options["sink"], Path(self.options["out"]))
 
 
-def _timed(start: Callable[[], None]) -> float:
-    began = time.perf_counter()
-    start()
-    return time.perf_counter() - began
-
-
 def _laminar_sink_options(sink: str, out: Path) -> dict[str, str]:
     if sink == "files":
         return {"connector": "files", "path": str(out), "format": "parquet"}
@@ -246,9 +239,7 @@ def run(
         query.awaitTermination()
 
     pipelines = [("laminar", laminar), ("hand-written", hand_written), ("native", native)]
-    order = pipelines[first % 3 :] + pipelines[: first % 3]
-    seconds = {name: _timed(pipeline) for name, pipeline in order}
-    return {name: seconds[name] for name, _ in pipelines}
+    return timed_in_turn(pipelines, first)
 
 
 def main() -> None:
@@ -273,21 +264,17 @@ def main() -> None:
     try:
         warmup = max(4, args.rows // 20)
         run(spark, warmup, max(2, args.batch_rows // 20), args.sink, work / "warmup")
-        print(f"warmed up; timing {args.repeat} run(s) of each", flush=True)
-        runs = []
-        for number in range(args.repeat):
-            directory = work / f"run-{number}"
-            runs.append(run(spark, args.rows, args.batch_rows, args.sink, directory, first=number))
-            shutil.rmtree(directory, ignore_errors=True)
-            times = ", ".join(f"{name} {elapsed:.2f} s" for name, elapsed in runs[-1].items())
-            print(f"run {number + 1}: {times}", flush=True)
+        seconds = median_rounds(
+            lambda number, directory: run(
+                spark, args.rows, args.batch_rows, args.sink, directory, first=number
+            ),
+            args.repeat,
+            work,
+            args.rows,
+        )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
-    seconds = {name: statistics.median(r[name] for r in runs) for name in runs[0]}
-    for name, elapsed in seconds.items():
-        rate = args.rows / elapsed / 1e6
-        print(f"{name:>12}: {elapsed:7.2f} s (median)  {rate:6.2f} M rows/s")
     versus_hand_written = seconds["hand-written"] / seconds["laminar"]
     print(f"laminar / hand-written: {versus_hand_written:.2f}x (target >= 0.9x)")
     print(f"laminar / native:       {seconds['native'] / seconds['laminar']:.2f}x (target >= 0.8x)")

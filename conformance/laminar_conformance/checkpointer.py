@@ -35,6 +35,7 @@ import random
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -126,14 +127,28 @@ class CheckpointerContext(ABC):
         if how is Corruption.DELETE:
             await self.delete_raw(path)
             return
-        data = await self.read_raw(path)
-        if how is Corruption.TRUNCATE:
-            await self.write_raw(path, data[: len(data) // 2])
-        else:
-            middle = len(data) // 2
-            await self.write_raw(
-                path, data[:middle] + bytes([data[middle] ^ 0x80]) + data[middle + 1 :]
-            )
+        await self.write_raw(path, corrupted(await self.read_raw(path), how))
+
+
+def corrupted(data: bytes, how: Corruption) -> bytes:
+    """``data`` truncated to half, or with the top bit of its middle byte inverted.
+
+    :raises ValueError: for :attr:`Corruption.DELETE`, which leaves no bytes to damage.
+    """
+    if how is Corruption.TRUNCATE:
+        return data[: len(data) // 2]
+    if how is Corruption.FLIP_BYTE:
+        middle = len(data) // 2
+        return data[:middle] + bytes([data[middle] ^ 0x80]) + data[middle + 1 :]
+    raise ValueError(f"{how} leaves no bytes to damage")
+
+
+def damage_file(path: Path, how: Corruption) -> None:
+    """Damage a stored file in place (a local store's, or Spark's): truncate, flip or delete."""
+    if how is Corruption.DELETE:
+        path.unlink()
+    else:
+        path.write_bytes(corrupted(path.read_bytes(), how))
 
 
 def run(scenario: Awaitable[T]) -> T:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from laminar_conformance.checkpointer import Corruption, damage_file
 
 from laminar_sdk import (
     CheckpointError,
@@ -83,30 +83,13 @@ class Query:
         return sorted(MemorySink.committed_ids(self.sink))
 
 
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-def flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def delete(path: Path) -> None:
-    path.unlink()
-
-
-CORRUPTIONS: list[Callable[[Path], None]] = [truncate, flip_a_byte, delete]
-
-
-@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("corruption", list(Corruption), ids=lambda how: how.value)
 @pytest.mark.parametrize("step", list(ProtocolStep), ids=lambda step: step.value)
-def test_a_corrupted_newest_manifest_is_survived_exactly_once(tmp_path, step, corrupt):
+def test_a_corrupted_newest_manifest_is_survived_exactly_once(tmp_path, step, corruption):
     query = Query(tmp_path)
     with pytest.raises(SimulatedCrash):
         asyncio.run(query.run(CrashAt(step, 2)))
-    corrupt(query.newest_manifest())
+    damage_file(query.newest_manifest(), corruption)
 
     asyncio.run(query.run())
 
@@ -118,7 +101,7 @@ def test_the_proof_goes_on_when_no_manifest_is_left_readable(tmp_path, caplog):
     asyncio.run(query.run(through=0))
     asyncio.run(query.run(through=1))
     for manifest in query.checkpoints.glob("*/manifest.json"):
-        flip_a_byte(manifest)
+        damage_file(manifest, Corruption.FLIP_BYTE)
 
     asyncio.run(query.run())
 
@@ -133,7 +116,7 @@ def test_without_a_proof_a_corrupted_location_stops_and_names_the_command(tmp_pa
     with pytest.raises(SimulatedCrash):
         asyncio.run(query.run(CrashAt(ProtocolStep.DONE, 0)))
     manifest = query.newest_manifest()
-    flip_a_byte(manifest)
+    damage_file(manifest, Corruption.FLIP_BYTE)
     store = open_checkpointer(str(query.checkpoints))
     checkpoint_id = manifest.parent.name
 

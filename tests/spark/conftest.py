@@ -42,27 +42,24 @@ else:
         yield enter
         TaskContext._setTaskContext(None)
 
+    def installed(install_distribution, name: str, module: Path) -> str:
+        """Install plugin ``name`` from ``module`` as pip would; the directory, for Spark."""
+        site = install_distribution(
+            f"laminar-plugin-{name}",
+            modules={module.stem: module.read_text()},
+            plugins={name: module.stem},
+        )
+        return str(site)
+
     @pytest.fixture
     def spool_site(install_distribution) -> str:
         """Where the ``spool`` plugin is installed, for a Spark child's ``python_path``."""
-        return str(
-            install_distribution(
-                "laminar-plugin-spool",
-                modules={"spool_plugin": SPOOL_PLUGIN.read_text()},
-                plugins={"spool": "spool_plugin"},
-            )
-        )
+        return installed(install_distribution, "spool", SPOOL_PLUGIN)
 
     @pytest.fixture
     def ticket_site(install_distribution) -> str:
         """Where the ``ticket`` plugin is installed, for a Spark child's ``python_path``."""
-        return str(
-            install_distribution(
-                "laminar-plugin-ticket",
-                modules={"ticket_plugin": TICKET_PLUGIN.read_text()},
-                plugins={"ticket": "ticket_plugin"},
-            )
-        )
+        return installed(install_distribution, "ticket", TICKET_PLUGIN)
 
     @pytest.fixture
     def appender(tmp_path: Path) -> Iterator[Appender]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from laminar_conformance.checkpointer import Corruption, damage_file
 from laminar_conformance.spark import SparkPipeline, run_in_child
 from live_sources import (
     PARTITIONS,
@@ -66,16 +67,6 @@ def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
     assert partitions == set(range(PARTITIONS + 1))
 
 
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-def flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
 def newest_manifest(work: Path) -> Path:
     manifests = (work / "checkpoint" / "laminar").glob("*/manifest.json")
     return max(manifests, key=lambda path: path.parent.name)
@@ -83,7 +74,11 @@ def newest_manifest(work: Path) -> Path:
 
 # Each kill is followed by damage to the newest manifest, which Spark's commit log makes up
 # for: `done` leaves the epoch Spark re-runs committed, `commit` leaves it decided only.
-DAMAGED_RESTARTS = (("done:1", truncate), ("done:3", flip_a_byte), ("commit:5", Path.unlink))
+DAMAGED_RESTARTS = (
+    ("done:1", Corruption.TRUNCATE),
+    ("done:3", Corruption.FLIP_BYTE),
+    ("commit:5", Corruption.DELETE),
+)
 
 
 def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
@@ -95,7 +90,7 @@ def test_a_damaged_newest_manifest_is_made_up_for_by_sparks_commit_log(
             pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(spool_site,)
         )
         assert run.crashed, f"run {number} was not killed at {crash}:\n{run.tail()}"
-        damage(newest_manifest(tmp_path))
+        damage_file(newest_manifest(tmp_path), damage)
 
     appended = appender.stop()
     final = run_in_child(pipeline, tmp_path, "run-last", python_path=(spool_site,))

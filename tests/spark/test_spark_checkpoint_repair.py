@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from laminar_conformance.checkpointer import Corruption, damage_file
 from laminar_conformance.spark import run_in_child
 from spark_pipelines import exactly_once_pipeline, expected_ids
 
@@ -32,9 +33,7 @@ def test_an_unprovable_damaged_manifest_stops_and_its_command_repairs_it(tmp_pat
     killed = run_in_child(pipeline, tmp_path, "killed", crash="done:0")
     assert killed.crashed, killed.tail()
     (manifest,) = (tmp_path / "checkpoint" / "laminar").glob("*/manifest.json")
-    data = bytearray(manifest.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    manifest.write_bytes(bytes(data))
+    damage_file(manifest, Corruption.FLIP_BYTE)
 
     refused = run_in_child(pipeline, tmp_path, "refused")
 
