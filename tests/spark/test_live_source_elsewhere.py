@@ -22,7 +22,9 @@ from test_standalone_cluster import standalone_cluster
 from laminar_sdk import open_checkpointer
 from laminar_sdk.reference import MemorySink
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Each repeats a scenario CI runs in local mode, on infrastructure that takes minutes to start:
+# `tox -e full` runs them.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.full]
 
 # On a cluster the crash hook must fire in the driver (it kills the JVM above the Python
 # worker that reaches the point): the commit steps run there, the write tasks on executors.
