@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 import pyarrow as pa
 
 from laminar_sdk._checkpoint import SourceCheckpoint
+from laminar_sdk._closing import guard_calls_after_close
 from laminar_sdk._config import ConnectorConfig
 from laminar_sdk._parallel import DistributedCommitSink, RangeReadableSource
 from laminar_sdk._schema import (
@@ -38,7 +39,15 @@ class SourceConnector(ABC):
     :meth:`restore` → :meth:`poll_batch` in a loop, with :meth:`checkpoint` between polls →
     :meth:`close`. After a crash the runtime builds a *new* instance, opens it and restores the
     last durable checkpoint, so nothing a source needs to resume may live only in memory.
+
+    After :meth:`close`, :meth:`open`, :meth:`poll_batch`, :meth:`checkpoint` and
+    :meth:`restore` raise :class:`Closed`, and a second :meth:`close` does nothing: this base
+    class enforces both for every subclass, so a source needs no check of its own.
     """
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        guard_calls_after_close(cls, ("open", "poll_batch", "checkpoint", "restore"))
 
     @abstractmethod
     async def open(self, config: ConnectorConfig) -> None:
@@ -81,7 +90,7 @@ class SourceConnector(ABC):
 
     @abstractmethod
     async def close(self) -> None:
-        """Release every resource. Called once; the instance is not used afterwards."""
+        """Release every resource. The instance is not used afterwards (see the class)."""
 
     async def health_check(self) -> HealthStatus:
         """How the source is doing. Default: unknown."""
@@ -153,7 +162,16 @@ class SinkConnector(ABC):
     recognisable in the external system itself, written atomically with the data), and an
     epoch it pre-committed but never committed (the runtime either commits it, when its
     record says the decision was taken, or rolls it back and replays it).
+
+    After :meth:`close`, every protocol call (:meth:`open`, :meth:`write_batch`,
+    :meth:`begin_epoch`, :meth:`pre_commit`, :meth:`commit_epoch`, :meth:`rollback_epoch`,
+    :meth:`flush`) raises :class:`Closed`, and a second :meth:`close` does nothing: this base
+    class enforces both for every subclass, so a sink needs no check of its own.
     """
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        guard_calls_after_close(cls, _SINK_CALLS)
 
     @abstractmethod
     async def open(self, config: ConnectorConfig) -> None:
@@ -238,3 +256,16 @@ class SinkConnector(ABC):
     def as_schema_evolvable(self) -> SchemaEvolvable | None:
         """This sink as a :class:`SchemaEvolvable`, if it is one. Default: ``None``."""
         return None
+
+
+_SINK_CALLS = (
+    "open",
+    "write_batch",
+    "begin_epoch",
+    "pre_commit",
+    "commit_epoch",
+    "rollback_epoch",
+    "flush",
+)
+# The provided defaults (begin_epoch, flush, ...) refuse calls after close() too.
+guard_calls_after_close(SinkConnector, _SINK_CALLS)

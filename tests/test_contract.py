@@ -324,6 +324,7 @@ def test_a_forwarding_sink_forwards_every_method_of_the_contract(run):
         if callable(member) and not name.startswith("_")
     ]
     assert len(methods) == 15, "the sink contract changed: extend EveryCallSink"
+    methods.append(methods.pop(methods.index("close")))  # every call after close() is refused
     for name in methods:
         takes_epoch = "epoch" in inspect.signature(getattr(SinkConnector, name)).parameters
         given_arguments = arguments.get(name, (4,) if takes_epoch else ())
@@ -333,3 +334,47 @@ def test_a_forwarding_sink_forwards_every_method_of_the_contract(run):
         assert inner.calls[-1] == (name, given_arguments), f"{name} was not forwarded"
         assert result is inner.answers.get(name), f"{name} did not return the wrapped answer"
     assert len(inner.calls) == len(methods)
+
+
+def test_every_connector_refuses_calls_after_close_without_writing_a_check(run):
+    source, sink = MinimalSource(), RecordingSink()
+    run(source.open(ConnectorConfig("minimal", {})))
+    run(source.close())
+    run(source.close())  # a second close() does nothing
+    for call in (source.poll_batch(1), source.restore(SourceCheckpoint())):
+        with pytest.raises(laminar_sdk.Closed, match=r"MinimalSource\.\w+\(\) called after close"):
+            run(call)
+    with pytest.raises(laminar_sdk.Closed, match=r"MinimalSource\.checkpoint\(\)"):
+        source.checkpoint()
+    with pytest.raises(laminar_sdk.Closed, match=r"MinimalSource\.open\(\)"):
+        run(source.open(ConnectorConfig("minimal", {})))
+    assert source.schema() == SCHEMA, "reading the schema stays allowed"
+    assert source.metrics() == ConnectorMetrics()
+
+    run(sink.close())
+    calls = {
+        "write_batch": sink.write_batch(pa.record_batch([[1]], schema=SCHEMA)),
+        "begin_epoch": sink.begin_epoch(1),  # the base class's default, guarded too
+        "pre_commit": sink.pre_commit(1),
+        "commit_epoch": sink.commit_epoch(1),
+        "rollback_epoch": sink.rollback_epoch(1),
+        "flush": sink.flush(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(laminar_sdk.Closed, match=rf"RecordingSink\.{name}\(\)"):
+            run(call)
+    assert sink.flushed == 0
+
+
+def test_close_may_still_flush_and_is_marked_closed_even_when_it_fails(run):
+    class FlushingOnClose(RecordingSink):
+        async def close(self) -> None:
+            await self.flush()
+            raise laminar_sdk.WriteError("the last flush failed")
+
+    sink = FlushingOnClose()
+    with pytest.raises(laminar_sdk.WriteError):
+        run(sink.close())
+    assert sink.flushed == 1, "close() itself may call the protocol"
+    with pytest.raises(laminar_sdk.Closed):
+        run(sink.flush())
