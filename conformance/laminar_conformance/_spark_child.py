@@ -48,7 +48,16 @@ def session(pipeline: SparkPipeline) -> SparkSession:
 
 
 def start_query(spark: SparkSession, pipeline: SparkPipeline) -> StreamingQuery:
-    """Start ``pipeline``'s streaming query in ``spark`` (``availableNow``)."""
+    """Start ``pipeline``'s streaming query in ``spark`` (``availableNow``).
+
+    ``spark`` is made the active session of this thread's JVM peer first. Forking a child
+    (a crash case's driver) can break this thread's Py4J connection; the new connection's JVM
+    thread has no active session, and without one ``writeStream.start()`` cannot find Python
+    data sources (``DATA_SOURCE_NOT_FOUND``: seen when a pytest-xdist worker restarted a
+    pipeline in the session that had just forked crash children).
+    """
+    jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # type: ignore[union-attr]  # no public API
+    jvm_session.setActiveSession(spark._jsparkSession)
     frame = (
         spark.readStream.format("laminar")
         .option("connector", pipeline.source)

@@ -200,7 +200,6 @@ def test_a_kill_in_the_distributed_commit_then_a_restart_is_exactly_once(
     visible = 2 if step is ProtocolStep.COMMITTED_MANIFEST else 1
     assert len(MemorySink.committed_ids(work / "sink")) == visible * MAX_RECORDS_PER_BATCH
 
-    reactivate(spark)
     run_exactly_once(spark, work, ROWS)
 
     assert sorted(MemorySink.committed_ids(work / "sink")) == expected_ids(ROWS)
@@ -212,19 +211,6 @@ def test_a_kill_in_the_distributed_commit_then_a_restart_is_exactly_once(
     else:
         assert staged_at_crash, "the crashed run had staged micro-batch 1"
         assert not {name.split("/")[1] for name in staged_at_crash} & set(committed)
-
-
-def reactivate(spark: SparkSession) -> None:
-    """Make ``spark`` this thread's active session in the JVM again.
-
-    ``crash_children`` starts each child with a ``preexec_fn`` from a pool thread; such a fork
-    breaks this thread's Py4J connection, and the JVM thread of the new one has no active
-    session, without which ``writeStream.start()`` cannot find Python data sources
-    (DATA_SOURCE_NOT_FOUND). Not needed once the children are started without a
-    ``preexec_fn`` or from this thread.
-    """
-    jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # PySpark has no public API for it
-    jvm_session.setActiveSession(spark._jsparkSession)
 
 
 # The reader, as Spark's workers drive it --------------------------------------------------
