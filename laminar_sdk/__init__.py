@@ -48,6 +48,7 @@ from laminar_sdk._coordinator import (
     StepObserver,
     stage_task,
 )
+from laminar_sdk._crash_points import CrashPointInjector, crash_point, injecting_crash_points
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
 from laminar_sdk._durable import (
     create_file_atomically,
@@ -138,6 +139,7 @@ __all__ = [
     "ConnectorRegistry",
     "ConnectorRole",
     "ConnectorSpec",
+    "CrashPointInjector",
     "DeliveryGuarantee",
     "DeliveryGuaranteeWarning",
     "DistributedCommitSink",
@@ -190,10 +192,12 @@ __all__ = [
     "UnsupportedManifestVersion",
     "WriteError",
     "WriteResult",
+    "crash_point",
     "create_file_atomically",
     "fsync_path",
     "hookimpl",
     "hookspec",
+    "injecting_crash_points",
     "installed_checkpointers",
     "load_checkpoint",
     "load_connector_registry",

@@ -228,9 +228,22 @@ class ConnectorRegistry:
             raise ConfigurationError(
                 f"{name!r} is both a source and a sink connector: say which role", key="connector"
             )
+        raise self._not_installed(name, role)
+
+    def every_role(self, name: str) -> tuple[ConnectorSpec, ...]:
+        """Every registration of ``name``: its source, its sink, or both (source first).
+
+        :raises ConfigurationError: when there is no such connector, listing the installed ones.
+        """
+        found = tuple(self._specs[(r, name)] for r in ConnectorRole if (r, name) in self._specs)
+        if not found:
+            raise self._not_installed(name, None)
+        return found
+
+    def _not_installed(self, name: str, role: ConnectorRole | None) -> ConfigurationError:
         wanted = f"{role} connector" if role else "connector"
         installed = sorted({s.name for s in self if role is None or s.role is role})
-        raise ConfigurationError(
+        return ConfigurationError(
             f"no {wanted} named {name!r} is installed; installed: "
             f"{', '.join(installed) or 'none'}. Install the plugin that provides it "
             "(pip install laminar-plugin-...), then check `laminar plugins list`",

@@ -92,9 +92,18 @@ def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) ->
     parts = ["laminar conformance run", spec.name, "--role", str(spec.role), "--seed", str(seed)]
     if args.profile != "quick":
         parts += ["--profile", args.profile]
+    if args.strict:
+        parts.append("--strict")
     for plugin in args.plugin:
         parts += ["--plugin", plugin]
     return " ".join(parts)
+
+
+def _for_role(path: Path | None, role: ConnectorRole, roles: int) -> Path | None:
+    """``path``, or ``NAME.ROLE.SUFFIX`` beside it when a run checks several roles."""
+    if path is None or roles == 1:
+        return path
+    return path.with_name(f"{path.stem}.{role}{path.suffix}")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -104,8 +113,24 @@ def _run(args: argparse.Namespace) -> int:
         print(f"laminar conformance: cannot import plugin module: {error}", file=sys.stderr)
         return 2
     plugins = ConformancePlugins.load(extra)
-    spec = plugins.registry.get(args.connector, ConnectorRole(args.role) if args.role else None)
+    if args.role:
+        specs: tuple[ConnectorSpec, ...] = (
+            plugins.registry.get(args.connector, ConnectorRole(args.role)),
+        )
+    else:
+        specs = plugins.registry.every_role(args.connector)
     seed = args.seed if args.seed is not None else random.randrange(2**32)  # noqa: S311 - a test seed, not a secret
+    statuses = [_run_role(args, spec, seed, len(specs)) for spec in specs]
+    if len(specs) > 1:
+        verdicts = ", ".join(
+            f"{spec.role} {'passed' if status == 0 else 'FAILED'}"
+            for spec, status in zip(specs, statuses, strict=True)
+        )
+        print(f"laminar conformance: {args.connector!r}, both roles: {verdicts}")
+    return max(statuses)
+
+
+def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: int) -> int:
     replay = _replay_command(args, spec, seed)
     run = RunDescription(
         connector=spec.name,
@@ -116,15 +141,19 @@ def _run(args: argparse.Namespace) -> int:
         seed=seed,
         replay_command=replay,
         spark=_spark_plan(args, PROFILES[args.profile]),
+        strict=args.strict,
     )
     print(
         f"laminar conformance: {run.role} {run.connector!r} from {run.distribution}; "
         f"capabilities: {', '.join(run.capabilities) or 'none declared'}; "
-        f"profile {run.profile}; seed {seed}\nSpark layer: {run.spark}",
+        f"profile {run.profile}; seed {seed}{'; strict' if run.strict else ''}\n"
+        f"Spark layer: {run.spark}",
         flush=True,
     )
     collector = ReportCollector()
     started = time.monotonic()
+    report = _for_role(args.report, spec.role, roles)
+    junitxml = _for_role(args.junitxml, spec.role, roles)
     with tempfile.TemporaryDirectory(prefix="laminar-conformance-") as directory:
         root = Path(directory)
         # This command imported the kit already, so pytest cannot rewrite the asserts of the
@@ -138,7 +167,9 @@ def _run(args: argparse.Namespace) -> int:
         # Hypothesis's caches go with the generated module, not into the caller's directory.
         os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(root / ".hypothesis"))
         module = root / f"test_{_class_name(spec.name, spec.role).lower()}_conformance.py"
-        source = generated_module(spec, args.plugin, replay, spark=not args.no_spark)
+        # The Spark suite is always adopted: without pyspark, or with --no-spark, its check is
+        # skipped, saying why, where --strict and the summary of what was not tested see it.
+        source = generated_module(spec, args.plugin, replay, spark=True)
         module.write_text(source, encoding="utf-8")
         argv = [
             str(module),
@@ -153,24 +184,40 @@ def _run(args: argparse.Namespace) -> int:
             f"--laminar-profile={args.profile}",
             f"--hypothesis-seed={seed}",
             "-v",
-            "-rfEs",
+            "-rfE",
         ]
+        if args.no_spark:
+            argv.append("--laminar-no-spark")
+        if args.strict:
+            argv.append("--laminar-strict")
         if args.spark_crashes:
             argv.append(f"--laminar-spark-crashes={args.spark_crashes}")
-        if args.junitxml is not None:
-            argv.append(f"--junitxml={args.junitxml.resolve()}")
+        if junitxml is not None:
+            argv.append(f"--junitxml={junitxml.resolve()}")
         status = pytest.main(argv, plugins=[collector])
     elapsed = time.monotonic() - started
-    if args.report is not None:
-        write_report(args.report, run, collector, elapsed)
-        print(f"laminar conformance: report written to {args.report}")
+    if report is not None:
+        write_report(report, run, collector, elapsed)
+        print(f"laminar conformance: report written to {report}")
+    failed = collector.counts()["failed"]
     if status == pytest.ExitCode.OK:
         print(f"laminar conformance: every applicable check passed in {elapsed:.1f}s")
         return 0
+    if status == pytest.ExitCode.TESTS_FAILED and not failed:
+        hidden = ", ".join(
+            f"{name} ({skip.category})" for name, skip in collector.hidden_core_skips()
+        )
+        print(
+            f"laminar conformance: --strict: core checks were skipped and the test context "
+            f"stated no reason: {hidden}. Make them run, or turn each off in the context's "
+            "skip_checks with the reason",
+            file=sys.stderr,
+        )
+        return 1
     if status == pytest.ExitCode.TESTS_FAILED:
         print(
-            f"laminar conformance: {collector.counts()['failed']} check(s) failed; the output "
-            f"above shows each minimal failing schedule. Replay: {replay}",
+            f"laminar conformance: {failed} check(s) failed; the output above shows each "
+            f"minimal failing schedule. Replay: {replay}",
             file=sys.stderr,
         )
         return 1
@@ -196,7 +243,7 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
     run.add_argument(
         "--role",
         choices=[role.value for role in ConnectorRole],
-        help="source or sink (needed when the name is both)",
+        help="source or sink (default: every role the connector has, one after the other)",
     )
     run.add_argument(
         "--profile", choices=sorted(PROFILES), default="quick", help="quick (default) or full"
@@ -208,6 +255,14 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
     run.add_argument("--report", type=Path, metavar="PATH", help="also write a markdown report")
     run.add_argument(
         "--no-spark", action="store_true", help="run the in-process layer only (no Spark)"
+    )
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help=(
+            "fail when a core check (replay, multi-partition, rollback, live appends, the "
+            "Spark layer) was skipped without a reason stated in the test context's skip_checks"
+        ),
     )
     run.add_argument(
         "--spark-crashes",

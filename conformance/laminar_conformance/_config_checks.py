@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from laminar_conformance._figures import Figures
+from laminar_conformance._skips import skip
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import ConfigurationError, ConnectorRole, SinkConnector, SourceConnector
 
@@ -56,7 +57,10 @@ class ConfigurationSuite(ConnectorSuite):
         """A key the connector does not declare is refused when it is opened."""
         figures.cases += 1
         if UNKNOWN_KEY.startswith(conformance.spec.config_prefixes):
-            pytest.skip(f"the connector passes every key starting {UNKNOWN_KEY[:8]!r} through")
+            skip(
+                "configuration",
+                f"the connector passes every key starting {UNKNOWN_KEY[:8]!r} through",
+            )
         properties = {**_properties(conformance), UNKNOWN_KEY: "1"}
         asyncio.run(
             _expect_configuration_error(
@@ -72,7 +76,7 @@ class ConfigurationSuite(ConnectorSuite):
         properties = _properties(conformance)
         required = [key.name for key in conformance.spec.config_keys if key.required]
         if not required:
-            pytest.skip("the connector declares no required config key")
+            skip("configuration", "the connector declares no required config key")
         for key in required:
             figures.cases += 1
             without = {name: value for name, value in properties.items() if name != key}
@@ -90,7 +94,7 @@ class ConfigurationSuite(ConnectorSuite):
         properties = _properties(conformance)
         typed = [key for key in conformance.spec.config_keys if key.value_type in _NOT_A_VALUE]
         if not typed:
-            pytest.skip("the connector declares no int, float or bool config key")
+            skip("configuration", "the connector declares no int, float or bool config key")
         for key in typed:
             figures.cases += 1
             value = _NOT_A_VALUE[key.value_type]

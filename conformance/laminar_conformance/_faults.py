@@ -1,9 +1,20 @@
-"""Fault injection: errors and simulated crashes around a sink's protocol calls."""
+"""Fault injection: errors and crashes around a sink's protocol calls, and inside them.
+
+The points inside a call are the ones its author marked with :func:`laminar_sdk.crash_point`,
+and the ones the kit finds by itself: while a sink call runs, every C-level call that makes
+something durable — a SQLite ``commit`` (or the end of ``with connection``), an ``fsync``, a
+``rename`` or ``replace`` — is a point just before it (named ``sqlite3.Connection.commit#2``:
+its second such call in the call).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Sequence
+import sys
+import types
+from collections import Counter
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -16,7 +27,34 @@ from laminar_sdk import (
     SimulatedCrash,
     SinkConnector,
     WriteResult,
+    injecting_crash_points,
 )
+
+INSIDE = "inside "
+"""How the ``where`` of a crash point inside a call starts: ``inside commit_epoch: NAME``."""
+
+_DURABLE_CALLS = {
+    ("sqlite3", "commit"),
+    ("sqlite3", "__exit__"),
+    ("posix", "fsync"),
+    ("posix", "fdatasync"),
+    ("posix", "rename"),
+    ("posix", "replace"),
+}
+"""C functions (module of their owner, name) that make something durable: points before them."""
+
+
+def _durable_call(function: object) -> str | None:
+    owner = getattr(function, "__self__", None)
+    name = getattr(function, "__name__", "")
+    if isinstance(owner, types.ModuleType):
+        module = owner.__name__
+    else:
+        module = type(owner).__module__ if owner is not None else ""
+    if (module, name) not in _DURABLE_CALLS:
+        return None
+    owner_name = "" if isinstance(owner, types.ModuleType) else f"{type(owner).__name__}."
+    return f"{module}.{owner_name}{name}"
 
 
 class Fault(enum.Enum):
@@ -115,6 +153,40 @@ class FaultPlan:
     def __init__(self, points: Iterable[FaultPoint]) -> None:
         self._pending = list(points)
         self.fired: list[FaultPoint] = []
+        self.reached_inside: dict[str, set[int]] = {}
+        """The crash points inside calls this plan's runs reached, with their epochs."""
+
+    @contextlib.contextmanager
+    def inside(self, call: str, epoch: int) -> Iterator[None]:
+        """Crash where a crash is planned at a point inside ``call`` of ``epoch``, in this block.
+
+        The points are the marked ones (:func:`laminar_sdk.crash_point`) and those before each
+        C call that makes something durable (see the module).
+        """
+        durable_calls: Counter[str] = Counter()
+
+        def reached(name: str) -> None:
+            where = f"{INSIDE}{call}: {name}"
+            self.reached_inside.setdefault(where, set()).add(epoch)
+            if self.take(where, epoch).is_crash:
+                raise SimulatedCrash(f"injected crash {where} of epoch {epoch}")
+
+        def profile(frame: types.FrameType, event: str, function: object) -> None:
+            del frame
+            if event != "c_call":
+                return
+            name = _durable_call(function)
+            if name is not None:
+                durable_calls[name] += 1
+                reached(f"{name}#{durable_calls[name]}")
+
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            with injecting_crash_points(reached):
+                yield
+        finally:
+            sys.setprofile(previous)
 
     def __len__(self) -> int:
         """How many faults are still to fire."""
@@ -184,7 +256,11 @@ class FaultySink(ForwardingSink):
         self._epoch = -1
 
     async def _faulty(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
-        await inject(self._plan.take(where, epoch), where, epoch, call)
+        async def inside() -> None:
+            with self._plan.inside(where, epoch):
+                await call()
+
+        await inject(self._plan.take(where, epoch), where, epoch, inside)
 
     async def begin_epoch(self, epoch: int) -> None:
         """``begin_epoch``, with its planned fault."""

@@ -22,6 +22,9 @@ NO_SPARK_OPTION = "laminar_no_spark"
 """The pytest option (``--laminar-no-spark``) that skips the Spark layer's checks."""
 
 SPARK_CRASHES_OPTION = "laminar_spark_crashes"
+
+STRICT_OPTION = "laminar_strict"
+"""The pytest option (``--laminar-strict``): a core check skipped without a stated reason fails."""
 """The pytest option (``--laminar-spark-crashes=commit:1,done:3``) that sets the crash schedule
 of the Spark layer's cases instead of drawing it: the replay of a failure's schedule."""
 

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 
 from laminar_conformance._figures import FIGURE_PREFIX, Figures
+from laminar_conformance._skips import CATEGORIES, CORE_CATEGORIES, Skip
 
 _OUTCOME_ORDER = {"failed": 0, "passed": 1, "skipped": 2}
 
 SPARK_CHECK_PREFIX = "test_spark_"
 """The names of the Spark layer's checks start with this: the report sums them up."""
+
+PROBED_PROPERTY = "laminar.probed"
+"""The user property in which the probe check reports what it found the connector does."""
 
 SPARK_SCHEDULES_PROPERTY = "laminar.spark.schedules"
 """The user property in which a Spark check reports the crash schedules it ran."""
@@ -30,6 +34,8 @@ class CheckResult:
     figures: dict[str, int] = field(default_factory=dict)
     schedules: str = ""
     """The crash schedules a Spark check ran, ``;``-separated."""
+    probed: str = ""
+    """What the probe check found the connector does."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +51,8 @@ class RunDescription:
     replay_command: str
     spark: str
     """What the Spark layer was to do, or why it did not run (``not run (--no-spark)``)."""
+    strict: bool = False
+    """Whether a core check skipped without a stated reason fails the run (``--strict``)."""
 
 
 class ReportCollector:
@@ -61,6 +69,8 @@ class ReportCollector:
         for key, value in report.user_properties:
             if key == SPARK_SCHEDULES_PROPERTY and isinstance(value, str):
                 result.schedules = value
+            elif key == PROBED_PROPERTY and isinstance(value, str):
+                result.probed = value
             elif key.startswith(FIGURE_PREFIX) and isinstance(value, int):
                 result.figures[key.removeprefix(FIGURE_PREFIX)] = value
         if report.failed:
@@ -78,6 +88,36 @@ class ReportCollector:
         """How many checks passed, failed and were skipped."""
         return Counter(result.outcome for result in self.results.values())
 
+    def probed(self) -> str:
+        """What the probe check found the connector does (``""`` when it did not run)."""
+        return next((r.probed for r in self.results.values() if r.probed), "")
+
+    def skips(self) -> list[tuple[str, Skip]]:
+        """Every skipped check's name and skip, in the order they ran."""
+        return [
+            (r.name, Skip.parse(r.reason)) for r in self.results.values() if r.outcome == "skipped"
+        ]
+
+    def hidden_core_skips(self) -> list[tuple[str, Skip]]:
+        """The skipped core checks whose test context stated no reason: ``--strict`` fails."""
+        return [(name, skip) for name, skip in self.skips() if skip.hides_a_core_check]
+
+    def not_tested(self) -> list[str]:
+        """What was not tested and why, by category, core categories first (markdown lines)."""
+        by_category: dict[str, list[tuple[str, Skip]]] = {}
+        for name, skip in self.skips():
+            by_category.setdefault(skip.category, []).append((name, skip))
+        lines: list[str] = []
+        for category in [*CATEGORIES, ""]:
+            skipped = by_category.get(category)
+            if not skipped:
+                continue
+            core = " (core)" if category in CORE_CATEGORIES else ""
+            title = f"{category}{core}: {CATEGORIES[category]}" if category else "other"
+            lines.append(f"- **{title}**")
+            lines += [f"  - `{name}`: {skip.reason}" for name, skip in skipped]
+        return lines
+
     def totals(self, prefix: str = "") -> dict[str, int]:
         """Every figure summed over the checks (whose names start with ``prefix``)."""
         chosen = [r for r in self.results.values() if r.name.startswith(prefix)]
@@ -92,7 +132,7 @@ class ReportCollector:
         if not spark:
             return planned
         if all(result.outcome == "skipped" for result in spark):
-            return f"skipped: {spark[0].reason}"
+            return f"skipped: {Skip.parse(spark[0].reason).reason}"
         outcome = "FAILED" if any(r.outcome == "failed" for r in spark) else "passed"
         totals = self.totals(SPARK_CHECK_PREFIX)
         seconds = sum(result.duration_s for result in spark)
@@ -115,7 +155,8 @@ def write_report(
     """Write the markdown report of a run to ``path``."""
     counts = collector.counts()
     totals = collector.totals()
-    verdict = "FAILED" if counts["failed"] else "PASSED"
+    hidden = collector.hidden_core_skips() if run.strict else []
+    verdict = "FAILED" if counts["failed"] or hidden else "PASSED"
     lines = [
         f"# Conformance report: {run.role} `{run.connector}`",
         "",
@@ -129,6 +170,7 @@ def write_report(
         f"{totals['epochs']} epochs committed or checkpoints restored, "
         f"{totals['restarts']} restarts",
         f"- Spark layer: {collector.spark_summary(run.spark)}",
+        f"- Probed: {collector.probed() or 'no probe ran'}",
         "",
         "## Checks",
         "",
@@ -144,10 +186,12 @@ def write_report(
             f"| {_cell(result.name)} | {result.outcome} | {' | '.join(figures)} | "
             f"{result.duration_s:.2f} | {_cell(result.reason)} |"
         )
-    skipped = [r for r in ordered if r.outcome == "skipped"]
-    if skipped:
-        lines += ["", "## Skipped, with reasons", ""]
-        lines += [f"- `{r.name}`: {r.reason}" for r in skipped]
+    not_tested = collector.not_tested()
+    if not_tested:
+        lines += ["", "## Not tested, by category", "", *not_tested]
+    if hidden:
+        lines += ["", "## Strict: core checks skipped without a stated reason", ""]
+        lines += [f"- `{name}` ({skip.category})" for name, skip in hidden]
     failed = [r for r in ordered if r.outcome == "failed"]
     if failed:
         lines += ["", "## Failures", "", f"Replay with `{run.replay_command}`.", ""]

@@ -13,6 +13,7 @@ from typing import TypeVar
 import pyarrow as pa
 from hypothesis import strategies as st
 
+from laminar_conformance._probe import SourceTraits, read_enough, source_traits
 from laminar_conformance._suite import Target
 from laminar_conformance.contexts import SourceTestContext
 from laminar_sdk import SourceCheckpoint, SourceConnector
@@ -54,15 +55,17 @@ class Delivery:
 class SourceSystem:
     """One source system, filled by the kit, and the source instances reading it.
 
-    :param target: the source under test; a new context is made for this system.
+    :param target: the source under test; a new context is made for this system. How many
+        partitions it fills and whether it appends while sources run come from the probe.
     """
 
     def __init__(self, target: Target) -> None:
         self.target = target
+        self.traits: SourceTraits = source_traits(target)
         self.context: SourceTestContext = target.source_context()
-        self.partitions = int(getattr(self.context, "partitions", 1))
-        self.equal_partitions = bool(getattr(self.context, "equal_partitions", False))
-        self.live_appends = bool(getattr(self.context, "live_appends", False))
+        self.partitions = self.traits.partitions
+        self.equal_partitions = self.traits.equal_partitions
+        self.live_appends = self.traits.live_appends
         self.idle_timeout_s = float(getattr(self.context, "poll_timeout_s", 0.0))
         self.appended: Counter[int] = Counter()
         self._next_id = itertools.count()
@@ -127,7 +130,7 @@ class SourceSystem:
     ) -> None:
         """Poll until the source has nothing more, expecting ``expected`` records in all."""
         deadline = time.monotonic() + self.idle_timeout_s
-        while True:
+        while not read_enough(len(delivery.ids), expected):
             if await self.poll(source, max_records, delivery):
                 continue
             if len(delivery.ids) >= expected or time.monotonic() >= deadline:

@@ -37,6 +37,7 @@ from pyarrow import parquet
 from laminar_conformance._figures import Figures
 from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_OPTION
 from laminar_conformance._report import SPARK_SCHEDULES_PROPERTY
+from laminar_conformance._skips import skip
 from laminar_conformance._spark_pipeline import (
     CONTEXT_IDS,
     RECORD_KEY,
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 
     from laminar_sdk.spark import CrashPoint
 
-NO_SPARK_REASON = "--no-spark"
+NO_SPARK_REASON = "switched off (--no-spark, or --laminar-no-spark in pytest)"
 PYSPARK_MISSING = "pyspark not installed (pip install laminar-sdk[spark])"
 
 GENERATOR_PARTITIONS = 2
@@ -250,9 +251,10 @@ class SparkLayer:
         lines = []
         for plugin in plugins:
             if not isinstance(plugin, types.ModuleType) or plugin.__file__ is None:
-                pytest.skip(
+                skip(
+                    "spark",
                     f"extra plugin {plugin!r} is not a module: Spark's workers load connectors "
-                    "from installed plugins or plugin modules only"
+                    "from installed plugins or plugin modules only",
                 )
             lines.append(f"{plugin.__name__} = {plugin.__name__}")
             file = Path(plugin.__file__)
@@ -304,8 +306,9 @@ class _Case:
         context: SinkTestContext = target.sink_context()
         if context.committed_ids() is None:
             context.close()
-            pytest.skip(
-                "the test context cannot read the destination back (committed_ids() is None)"
+            skip(
+                "read-back",
+                "the test context cannot read the destination back (committed_ids() is None)",
             )
         records = directory / "records.parquet"
         batch = context.batch(ids)
@@ -348,10 +351,11 @@ class _Case:
             pickle.loads(pickled)  # noqa: S301 - what was just pickled here
         except Exception as error:  # noqa: BLE001 - any pickling failure means the same
             context.close()
-            pytest.skip(
+            skip(
+                "spark",
                 f"the test context's ids() cannot be shipped to Spark's executors "
                 f"({type(error).__name__}: {error}): keep clients out of the context's "
-                "state, or open them lazily"
+                "state, or open them lazily",
             )
         (directory / "ids.pickle").write_bytes(pickled)
         source = target.plugins.registry.create_source(target.connector)
@@ -414,7 +418,7 @@ def run_spark_layer(
     config = request.config
     reason = spark_skip_reason(config)
     if reason is not None:
-        pytest.skip(reason)
+        skip("spark", reason)
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
 

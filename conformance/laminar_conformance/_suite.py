@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, ParamSpec, TypeVar
 
@@ -39,6 +39,7 @@ class Target:
     :param seed: the Hypothesis seed of every check, ``None`` when derandomized.
     :param directory: where the directories of the contexts are made.
     :param extra_plugins: names of the suite's extra plugins, for the replay command.
+    :param probed: what probes of the connector found, by probe, kept for the whole suite.
     """
 
     spec: ConnectorSpec
@@ -47,6 +48,7 @@ class Target:
     seed: int | None
     directory: Path
     extra_plugins: tuple[str, ...]
+    probed: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def connector(self) -> str:

@@ -42,6 +42,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from laminar_conformance._skips import skip
+
 # These names are exported by laminar_sdk once the checkpoint stores are published there.
 from laminar_sdk import (
     CheckpointConflict,
@@ -720,7 +722,7 @@ class CheckpointerConcurrencySuite:
     def test_two_writers_in_two_threads(self, checkpointer_context: CheckpointerContext) -> None:
         """Two instances in two threads, each with its own loop, lose nothing."""
         if not checkpointer_context.supports_threads:
-            pytest.skip("the context declares supports_threads = False")
+            skip("capability", "the context declares supports_threads = False")
         saved: list[CheckpointManifest] = []
         seen: dict[str, list[CheckpointId]] = {"a": [], "b": []}
         failures: list[BaseException] = []

@@ -78,18 +78,29 @@ class SourceTestContext(Protocol):
     """One fresh source system for a source connector, and a way to put records into it.
 
     The kit appends the first records of a case before it opens the first source instance,
-    so that a context whose data is fixed when the source is configured (a generator) works;
-    it appends more while sources run only when the context says it may (``live_appends``).
+    so that a context whose data is fixed when the source is configured (a generator) works.
+    Before the checks it *probes* the source through a context: it appends one record to each
+    of partitions ``0 .. 3`` until :meth:`append` raises, reads them back and counts the
+    distinct partitions of the batches; then it appends to the opened source and sees whether
+    the records arrive. The multi-partition and live-append checks run as far as the probe
+    found; a source checkpoint holding more partitions than the kit can fill fails.
 
     Optional attributes, read when present:
 
-    - ``partitions: int`` (default 1) — how many partitions the kit spreads records over; it
-      passes ``partition=0 .. partitions - 1`` to :meth:`append` (``None`` when 1);
+    - ``partitions: int`` — how many partitions the kit spreads records over, instead of
+      probing; it passes ``partition=0 .. partitions - 1`` to :meth:`append` (``None`` when 1);
     - ``equal_partitions: bool`` (default ``False``) — when ``True``, the kit appends the same
       number of records to every partition;
-    - ``live_appends: bool`` (default ``False``) — when ``True``, records appended after a
-      source was opened reach it (a streaming system, not data fixed at configuration): the
-      kit then also appends while sources run, between polls, checkpoints and restores.
+    - ``live_appends: bool`` — ``True`` spares the live probe: records appended after a source
+      was opened reach it;
+    - ``poll_timeout_s: float`` (default 0) — how long the kit polls a source that returned
+      nothing before counting what arrived;
+    - ``skip_checks: Mapping[str, str]`` — categories of checks turned off, each with the
+      reason the report prints (``{"live-appends": "the rows are fixed by the config"}``);
+      the only way to turn a check off. Categories: ``replay``, ``multi-partition``,
+      ``live-appends``, ``rollback``, ``spark`` (core: ``--strict`` fails on their skips
+      unless stated here), ``range-reads``, ``read-back``, ``capability``, ``configuration``.
+      Sink contexts may set it too.
     """
 
     def config(self) -> ConnectorConfig:

@@ -1,4 +1,4 @@
-"""The kit's pytest plugin: its options (``--laminar-profile``, ...) and a header line.
+"""The kit's pytest plugin: options, a header line, and what was not tested, by category.
 
 Installed with the kit through the ``pytest11`` entry point. The suites work without it (the
 profile then comes from ``$LAMINAR_CONFORMANCE_PROFILE``, default ``quick``).
@@ -14,9 +14,13 @@ from laminar_conformance._profiles import (
     PROFILE_VARIABLE,
     PROFILES,
     SPARK_CRASHES_OPTION,
+    STRICT_OPTION,
     selected_profile,
     session_seed,
 )
+from laminar_conformance._report import ReportCollector
+
+_RESULTS = pytest.StashKey[ReportCollector]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,6 +54,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             "drawing them: the replay of a failure's crash schedule"
         ),
     )
+    group.addoption(
+        "--laminar-strict",
+        dest=STRICT_OPTION,
+        action="store_true",
+        default=False,
+        help=(
+            "fail the run when a core conformance check (replay, multi-partition, rollback, "
+            "live appends, the Spark layer) was skipped and its test context stated no reason "
+            "in skip_checks"
+        ),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Collect every check's outcome, for the summary of what was not tested."""
+    results = ReportCollector()
+    config.stash[_RESULTS] = results
+    config.pluginmanager.register(results, "laminar-conformance-results")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -59,3 +81,40 @@ def pytest_report_header(config: pytest.Config) -> str:
         "derandomized (CI)" if seed is None else f"{seed} (replay with --hypothesis-seed={seed})"
     )
     return f"laminar-conformance: profile {selected_profile(config).name}, seed {shown}"
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """What the conformance checks did not test, by category, and the strict verdict."""
+    results = config.stash.get(_RESULTS, None)
+    if results is None:
+        return
+    probed = results.probed()
+    lines = results.not_tested()
+    if not (probed or lines):
+        return
+    terminalreporter.section("laminar conformance: what was not tested")
+    if probed:
+        terminalreporter.write_line(f"probed: {probed}")
+    for line in lines or ["- every check ran"]:
+        terminalreporter.write_line(line.replace("**", ""))
+    hidden = results.hidden_core_skips()
+    if hidden and config.getoption(STRICT_OPTION, False):
+        names = ", ".join(f"{name} ({skip.category})" for name, skip in hidden)
+        terminalreporter.write_line(
+            f"STRICT: core checks skipped without a reason stated in the test context's "
+            f"skip_checks: {names}",
+            red=True,
+            bold=True,
+        )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``--laminar-strict``, a core check skipped without a stated reason fails the run."""
+    results = session.config.stash.get(_RESULTS, None)
+    strict = session.config.getoption(STRICT_OPTION, False)
+    hidden = results is not None and bool(results.hidden_core_skips())
+    if strict and hidden and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import itertools
 import tempfile
 from collections import Counter
@@ -60,7 +61,9 @@ from laminar_conformance._faults import (
     every_fault_point,
 )
 from laminar_conformance._figures import Figures
+from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
+from laminar_conformance._skips import skip
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_conformance.contexts import SinkTestContext
 from laminar_sdk import (
@@ -105,13 +108,19 @@ def _capabilities(target: Target) -> SinkConnectorCapabilities:
 def _require_readable(context: SinkTestContext) -> Sequence[int]:
     visible = context.committed_ids()
     if visible is None:
-        pytest.skip(_UNREADABLE)
+        skip("read-back", _UNREADABLE)
     return visible
 
 
-def _require(capabilities: SinkConnectorCapabilities, *names: str) -> None:
-    if not any(getattr(capabilities, name) for name in names):
-        pytest.skip(f"the sink does not declare {' or '.join(names)}")
+def _require(target: Target, category: str, *names: str) -> None:
+    """Skip under ``category`` unless the sink declares one of the capabilities ``names``.
+
+    A rollback check is skipped also when the test context turns ``rollback`` off.
+    """
+    if category == "rollback":
+        skip_if_turned_off(target, category)
+    if not any(getattr(_capabilities(target), name) for name in names):
+        skip(category, f"the sink does not declare {' or '.join(names)}")
 
 
 class _Session:
@@ -292,8 +301,8 @@ class SinkContractSuite(ConfigurationSuite):
         """Capabilities whose contract the kit cannot exercise are skipped, saying why."""
         figures.cases += 1
         if getattr(_capabilities(conformance), capability):
-            pytest.skip(_UNCHECKABLE[capability])
-        pytest.skip(f"the sink does not declare {capability}")
+            skip("capability", _UNCHECKABLE[capability])
+        skip("capability", f"the sink does not declare {capability}")
 
     @check
     def test_schema_evolution_adds_a_column_between_epochs(
@@ -321,7 +330,7 @@ class SinkContractSuite(ConfigurationSuite):
                     "the sink declares schema_evolution, but as_schema_evolvable() returns "
                     "None: offer SchemaEvolvable, through which the runtime evolves a schema"
                 )
-                pytest.skip("the sink neither declares schema_evolution nor offers it")
+                skip("capability", "the sink neither declares schema_evolution nor offers it")
             old = sink.schema()
             new = old.append(_ADDED_COLUMN)
             assert evolvable.diff_schemas(old, old) == [], "diff_schemas(s, s) is not empty"
@@ -338,7 +347,10 @@ class SinkContractSuite(ConfigurationSuite):
                     f"the sink declares schema_evolution, yet evaluates adding a nullable "
                     f"column as {verdict.value}"
                 )
-                pytest.skip(f"the sink evaluates adding a nullable column as {verdict.value}")
+                skip(
+                    "capability",
+                    f"the sink evaluates adding a nullable column as {verdict.value}",
+                )
             await session.write_epoch(sink, 0, [1, 2])
             version = evolvable.schema_version()
             applied = await evolvable.apply_evolution(old, changes)
@@ -392,7 +404,7 @@ class SinkEpochProtocolSuite(ConnectorSuite):
         self, conformance: Target, figures: Figures
     ) -> None:
         """``two_phase_commit``: written and pre-committed records stay invisible until commit."""
-        _require(_capabilities(conformance), "two_phase_commit")
+        _require(conformance, "capability", "two_phase_commit")
         figures.cases += 1
         session = _Session(conformance)
 
@@ -416,7 +428,7 @@ class SinkEpochProtocolSuite(ConnectorSuite):
         self, conformance: Target, figures: Figures
     ) -> None:
         """``exactly_once``: rolling back after writing, or after pre-committing, keeps nothing."""
-        _require(_capabilities(conformance), "exactly_once")
+        _require(conformance, "rollback", "exactly_once")
         figures.cases += 1
         session = _Session(conformance)
 
@@ -444,7 +456,7 @@ class SinkEpochProtocolSuite(ConnectorSuite):
         self, conformance: Target, figures: Figures
     ) -> None:
         """``exactly_once`` / ``idempotent``: a new instance skips an epoch committed before."""
-        _require(_capabilities(conformance), "exactly_once", "idempotent")
+        _require(conformance, "rollback", "exactly_once", "idempotent")
         figures.cases += 1
         figures.restarts += 1
         session = _Session(conformance)
@@ -513,6 +525,7 @@ async def _run_through_faults(
     while True:
         sink = FaultySink(await session.open(), plan)
         coordinator = EpochCoordinator(store, {"sink": sink}, policy=policy, observer=plan.observe)
+        crashed = False
         try:
             await coordinator.recover()
             epoch = coordinator.next_epoch
@@ -524,7 +537,14 @@ async def _run_through_faults(
                     continue  # rolled back by the coordinator: run the epoch again
                 epoch += 1
         except SimulatedCrash:
-            restarts += 1  # the instance dies without close(); a new one recovers
+            crashed = True  # the instance dies without close(); a new one recovers
+        if crashed:
+            restarts += 1
+            # What a killed process held goes with it (database locks, connections): the
+            # dead instance is dropped before the new one opens (outside the except block,
+            # whose exception's frames would keep it alive).
+            del sink, coordinator
+            gc.collect()
             continue
         await sink.close()
         return restarts
@@ -619,7 +639,7 @@ def _check_run(
     session = _Session(target)
     if session.context.committed_ids() is None:
         session.context.close()
-        pytest.skip(_UNREADABLE)
+        skip("read-back", _UNREADABLE)
     exactly_once = staged or _capabilities(target).exactly_once
     epochs = _epochs_of(sizes)
     plan = FaultPlan(points)
@@ -643,6 +663,18 @@ def _check_run(
         f"[{'; '.join(map(str, plan.fired)) or 'none fired'}]: not delivered {guarantee}: "
         + "; ".join(problems)
     )
+
+
+def _points_inside(target: Target, sizes: list[list[int]]) -> dict[str, set[int]]:
+    """The crash points inside the sink's calls a clean run of ``sizes`` reaches, by epoch."""
+    session = _Session(target)
+    if session.context.committed_ids() is None:
+        session.context.close()
+        skip("read-back", _UNREADABLE)
+    plan = FaultPlan([])
+    store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
+    session.run(_run_through_faults(session, store, _epochs_of(sizes), plan))
+    return plan.reached_inside
 
 
 def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[list[FaultPoint]]:
@@ -670,6 +702,31 @@ class SinkRecoverySuite(ConnectorSuite):
     ) -> None:
         """Three epochs; one fault at one point of epoch 1; then recovery and the rest."""
         self._check_run(conformance, figures, [[2, 1], [2, 1], [3]], [point])
+
+    @check
+    def test_delivery_survives_a_crash_at_each_point_inside_a_call(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A crash at every point a clean run reaches inside the sink's calls, one per run.
+
+        The points are those the sink marks with :func:`laminar_sdk.crash_point` and those the
+        kit finds: before each SQLite ``commit``, ``fsync``, ``rename`` or ``replace`` a call
+        makes. A sink that publishes its data and its epoch record in two steps of one call
+        loses or doubles data when it dies between them.
+        """
+        sizes = [[2, 1], [2, 1], [3]]
+        reached = _points_inside(conformance, sizes)
+        if not reached:
+            skip(
+                "crash-points",
+                "a clean run reached no crash point inside the sink's calls (none marked with "
+                "laminar_sdk.crash_point, no SQLite commit, fsync, rename or replace)",
+            )
+        for where, epochs in sorted(reached.items()):
+            epoch = 1 if 1 in epochs else min(epochs)
+            self._check_run(
+                conformance, figures, sizes, [FaultPoint(where, Fault.CRASH_BEFORE, epoch)]
+            )
 
     @check
     def test_delivery_survives_any_faults(self, conformance: Target, figures: Figures) -> None:
@@ -703,14 +760,15 @@ def _require_distributed(target: Target, *, parallel: bool = False) -> None:
     offers, readable = session.run(offered())
     if not offers:
         if parallel and _capabilities(target).partitioned:
-            pytest.skip(
+            skip(
+                "capability",
                 "partitioned is declared, but the sink does not offer as_distributed_commit(): "
                 "the contract says how several writers of one epoch commit together only "
-                "through that extension, so parallel writes are not checked"
+                "through that extension, so parallel writes are not checked",
             )
-        pytest.skip("the sink does not offer as_distributed_commit()")
+        skip("capability", "the sink does not offer as_distributed_commit()")
     if not readable:
-        pytest.skip(_UNREADABLE)
+        skip("read-back", _UNREADABLE)
 
 
 class SinkDistributedCommitSuite(ConnectorSuite):

@@ -33,7 +33,10 @@ from hypothesis import strategies as st
 
 from laminar_conformance._config_checks import ConfigurationSuite
 from laminar_conformance._figures import Figures
+from laminar_conformance._probe import read_enough, skip_if_turned_off, source_traits
 from laminar_conformance._range_reads import RangeCase, RangeStep, plan_then_append
+from laminar_conformance._report import PROBED_PROPERTY
+from laminar_conformance._skips import skip
 from laminar_conformance._source_system import Delivery, SourceSystem, compare
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import (
@@ -61,23 +64,34 @@ _LIVE_STEPS = st.lists(
     ),
     max_size=30,
 )
-_NOT_LIVE = (
-    "the test context's records are fixed when the source is configured (it does not set "
-    "`live_appends = True`), so records appended while a source runs are not checked"
-)
 
 
 def _require_replay(target: Target) -> None:
+    skip_if_turned_off(target, "replay")
     if not target.plugins.registry.create_source(target.connector).supports_replay():
-        pytest.skip(
-            "supports_replay() is False: the source cannot go back, so replay is not checked"
-        )
+        skip("replay", "supports_replay() is False: the source cannot go back")
 
 
 class SourceContractSuite(ConfigurationSuite):
     """The source's batches, lifecycle, checkpoints, configuration errors, health, metrics."""
 
     role: ClassVar[ConnectorRole] = ConnectorRole.SOURCE
+
+    @check
+    def test_the_probe_reaches_every_partition_the_source_checkpoints(
+        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+    ) -> None:
+        """The kit can fill every partition the source's checkpoint holds; the probe's findings.
+
+        Before the checks, the kit appends one record to each partition it can address and
+        reads them back, then appends to the opened source (see
+        :mod:`laminar_conformance._probe`). A checkpoint holding partitions the kit cannot
+        fill would leave them unchecked, so it fails here, saying how to fix the context.
+        """
+        figures.cases += 1
+        traits = source_traits(conformance)
+        request.node.user_properties.append((PROBED_PROPERTY, traits.describe()))
+        assert not traits.problems, "probing the source: " + "; ".join(traits.problems)
 
     @check
     def test_every_record_is_returned_once_in_batches_of_the_schema(
@@ -91,7 +105,10 @@ class SourceContractSuite(ConfigurationSuite):
         async def scenario() -> None:
             source = await system.open()
             delivery = Delivery()
+            total = system.appended.total()
             for max_records in itertools.cycle([1, 2, 3, 7]):
+                if read_enough(len(delivery.ids), total):
+                    break
                 if not await system.poll(source, max_records, delivery):
                     break
             await system.drain(source, delivery, system.appended.total())
@@ -163,14 +180,16 @@ class SourceContractSuite(ConfigurationSuite):
         figures.cases += 1
         system = SourceSystem(conformance)
         system.append([4] * system.partitions)
+        total = system.appended.total()
 
         async def scenario() -> None:
             source = await system.open()
             health = await source.health_check()
             assert isinstance(health, HealthStatus), f"health_check() returned {health!r}"
             assert health.state is not HealthState.UNHEALTHY, f"a working source reports {health}"
-            previous = 0
-            while await source.poll_batch(3) is not None:
+            previous, polls = 0, 0
+            while await source.poll_batch(3) is not None and not read_enough(3 * polls, total):
+                polls += 1
                 metrics = source.metrics()
                 counters = (metrics.records_total, metrics.bytes_total, metrics.errors_total)
                 assert min(*counters, metrics.lag) >= 0, f"negative metrics: {metrics}"
@@ -222,7 +241,7 @@ class SourceReplaySuite(ConnectorSuite):
         probe = SourceSystem(conformance)
         probe.context.close()
         if not probe.live_appends:
-            pytest.skip(_NOT_LIVE)
+            skip("live-appends", f"{probe.traits.not_live}, so appends while it runs go unchecked")
 
         @given(counts=probe.counts(), steps=_LIVE_STEPS)
         def run(counts: list[int], steps: list[tuple[str, int]]) -> None:
@@ -289,7 +308,7 @@ class SourceReplaySuite(ConnectorSuite):
         system = SourceSystem(conformance)
         if system.partitions < 2:
             system.context.close()
-            pytest.skip("the test context has one partition (set its `partitions` attribute)")
+            skip("multi-partition", f"{system.traits.not_multi_partition}")
         system.append([6] * system.partitions)
 
         async def scenario() -> None:
@@ -300,7 +319,10 @@ class SourceReplaySuite(ConnectorSuite):
             checkpoint = source.checkpoint()
             await source.close()
             if None in delivery.partitions:
-                pytest.skip("batches carry no PartitionInfo, so partitions cannot be told apart")
+                skip(
+                    "multi-partition",
+                    "batches carry no PartitionInfo, so partitions cannot be told apart",
+                )
             for partition, offset in checkpoint.offsets.items():
                 if partition not in delivery.partitions:
                     continue
@@ -325,7 +347,10 @@ class SourceReplaySuite(ConnectorSuite):
 
         system.run(scenario())
         if not figures.cases:
-            pytest.skip("the checkpoint's offsets are not keyed by the batches' PartitionInfo.id")
+            skip(
+                "multi-partition",
+                "the checkpoint's offsets are not keyed by the batches' PartitionInfo.id",
+            )
 
 
 def _require_range_readable(target: Target) -> None:
@@ -340,9 +365,10 @@ def _require_range_readable(target: Target) -> None:
 
     readable, replays = system.run(offered())
     if not readable:
-        pytest.skip(
-            "as_range_readable() is None: the source is read by polling only, so range reads "
-            "are not checked"
+        skip(
+            "range-reads",
+            "as_range_readable() is None: the source is read by polling only (on Spark, "
+            "through the read log)",
         )
     assert replays, (
         "the source offers as_range_readable() but its supports_replay() is False: a range "
