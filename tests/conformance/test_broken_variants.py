@@ -5,6 +5,11 @@ Every variant in ``broken.py`` runs through ``python -m laminar_conformance run`
 the in-process layer only (``--no-spark``: the variants' bugs are in-process bugs): the run must
 fail, and its report must name the check that caught the bug. The correct connectors' runs
 must pass, having run the checks of what they offer rather than skipped them.
+
+The ``outsider-*`` sources (``outsider.py``) are a third-party plugin written as an outside
+author would, with a test context that declares nothing (no ``partitions``, no
+``live_appends``): the kit must find their partitions and live appends by probing, and catch
+each bug with the quick profile; the correct one passes three runs in a row, seeds 1 to 3.
 """
 
 from __future__ import annotations
@@ -70,6 +75,40 @@ VARIANTS = [
     ),
     ("broken-evolution-not-applied", "sink", "test_schema_evolution_adds_a_column_between_epochs"),
 ]
+# Third-party-style variants (outsider.py), the default context: caught only if probed.
+OUTSIDER_VARIANTS = [
+    (
+        "outsider-restores-first-partition-only",
+        "source",
+        "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ),
+    (
+        "outsider-checkpoint-lags-in-one-partition",
+        "source",
+        "test_each_partition_restores_independently",
+    ),
+    (
+        "outsider-checkpoints-the-end-when-caught-up",
+        "source",
+        "test_records_appended_while_reading_are_returned_once_across_restores",
+    ),
+    (
+        "outsider-advances-the-next-partition",
+        "source",
+        "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ),
+    (
+        "outsider-queue-blind-context",
+        "source",
+        "test_the_probe_reaches_every_partition_the_source_checkpoints",
+    ),
+    (
+        "outsider-sqlite-marker-apart",
+        "sink",
+        "test_delivery_survives_a_crash_at_each_point_inside_a_call",
+    ),
+]
+OUTSIDER_SEEDS = ("1", "2", "3")
 # The state machine of the distributed commit must catch each distributed-commit bug too.
 MACHINE_CATCHES = [
     "broken-publishes-every-attempt",
@@ -94,9 +133,11 @@ CORRECT = {
 }
 
 
-def conformance_run(connector: str, role: str, report: Path) -> subprocess.CompletedProcess[str]:
+def conformance_run(
+    connector: str, role: str, report: Path, plugin: str = "broken", seed: str = "1"
+) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
-    command += ["--plugin", "broken", "--seed", "1", "--no-spark", "--report", str(report)]
+    command += ["--plugin", plugin, "--seed", seed, "--no-spark", "--report", str(report)]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     return subprocess.run(
         command, capture_output=True, text=True, env=environment, cwd=report.parent, check=False
@@ -112,14 +153,23 @@ def runs(tmp_path_factory):
         for connector, role in [(v[0], v[1]) for v in VARIANTS] + list(CORRECT):
             report = directory / f"{connector}.md"
             started[connector] = pool.submit(conformance_run, connector, role, report)
-        yield {
-            connector: (future.result(), directory / f"{connector}.md")
-            for connector, future in started.items()
-        }
+        for connector, role, _ in OUTSIDER_VARIANTS:
+            report = directory / f"{connector}.md"
+            started[connector] = pool.submit(conformance_run, connector, role, report, "outsider")
+        report = directory / "outsider-sqlite.md"
+        started["outsider-sqlite"] = pool.submit(
+            conformance_run, "outsider-sqlite", "sink", report, "outsider"
+        )
+        for seed in OUTSIDER_SEEDS:
+            report = directory / f"outsider-queue-{seed}.md"
+            started[f"outsider-queue-{seed}"] = pool.submit(
+                conformance_run, "outsider-queue", "source", report, "outsider", seed
+            )
+        yield {run: (future.result(), directory / f"{run}.md") for run, future in started.items()}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("connector", "role", "catching_check"), VARIANTS)
+@pytest.mark.parametrize(("connector", "role", "catching_check"), VARIANTS + OUTSIDER_VARIANTS)
 def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_check):
     result, report = runs[connector]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
@@ -128,6 +178,49 @@ def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_chec
     failed = [line for line in text.splitlines() if "| failed |" in line]
     assert any(line.startswith(f"| {catching_check}") for line in failed), "\n".join(failed)
     assert f"laminar conformance run {connector} --role {role} --seed 1" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", OUTSIDER_SEEDS)
+def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appends(runs, seed):
+    result, report = runs[f"outsider-queue-{seed}"]
+    assert result.returncode == 0, result.stdout[-3000:]
+    text = report.read_text()
+    assert "**Result: PASSED**" in text
+    probed = next(line for line in text.splitlines() if line.startswith("- Probed:"))
+    assert "3 partition(s), probed" in probed
+    assert "live appends: probed, records appended to an opened source arrive" in probed
+    for check in (
+        "test_each_partition_restores_independently",
+        "test_records_appended_while_reading_are_returned_once_across_restores",
+        "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    ):
+        assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
+
+
+@pytest.mark.slow
+def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(runs):
+    result, report = runs["outsider-sqlite"]
+    assert result.returncode == 0, result.stdout[-3000:]
+    text = report.read_text()
+    check = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
+    row = next(line for line in text.splitlines() if line.startswith(f"| {check} "))
+    assert "| passed |" in row
+    assert int(row.split("|")[4]) >= 3, f"a crash before each SQLite commit: {row}"
+    broken = runs["outsider-sqlite-marker-apart"][1].read_text()
+    assert (
+        "[crash-before inside commit_epoch: sqlite3.Connection.commit#2 of epoch 1]: not "
+        "delivered exactly once: duplicated ids"
+    ) in broken
+
+
+@pytest.mark.slow
+def test_a_context_that_fills_one_partition_of_three_is_told_how_to_fix_it(runs):
+    text = runs["outsider-queue-blind-context"][1].read_text()
+    assert (
+        "the source's checkpoint holds 3 partitions (p0, p1, p2), but the kit can fill only 1 "
+        "of them through its test context"
+    ) in text
 
 
 @pytest.mark.slow
@@ -154,6 +247,6 @@ def test_a_source_without_replay_skips_the_replay_checks_saying_why(runs):
     assert result.returncode == 0, result.stdout[-3000:]
     text = report.read_text()
     assert "- Capabilities: no-replay" in text
-    reason = "supports_replay() is False: the source cannot go back, so replay is not checked"
-    assert f"- `test_each_partition_restores_independently`: {reason}" in text
+    reason = "supports_replay() is False: the source cannot go back"
+    assert f"  - `test_each_partition_restores_independently`: {reason}" in text
     assert "| test_every_record_is_returned_once_in_batches_of_the_schema | passed |" in text

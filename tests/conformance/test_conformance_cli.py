@@ -47,9 +47,10 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     assert "**Result: PASSED**" in text
     assert "- Capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit" in text
     assert "- Replay: `laminar conformance run memory --role sink --seed 5`" in text
-    assert "- Spark layer: not run (--no-spark)" in text
+    assert "- Spark layer: skipped: switched off (--no-spark" in text
+    assert "## Not tested, by category" in text
     assert (
-        "- `test_capabilities_not_checked_in_process[upsert]`: the sink does not declare upsert"
+        "  - `test_capabilities_not_checked_in_process[upsert]`: the sink does not declare upsert"
         in text
     )
     figures = next(line for line in text.splitlines() if line.startswith("- Figures:"))
@@ -64,13 +65,38 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     )
 
 
-def test_the_role_is_needed_only_when_the_name_is_both(tmp_path):
-    result = conformance("run", "memory", cwd=tmp_path)
-    assert result.returncode == 2
-    assert "'memory' is both a source and a sink connector: say which role" in result.stderr
+def test_without_a_role_every_role_of_the_connector_is_checked(tmp_path):
+    result = conformance("run", "memory", "--no-spark", "--report", "r.md", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "laminar conformance: 'memory', both roles: source passed, sink passed" in result.stdout
+    assert "# Conformance report: source `memory`" in (tmp_path / "r.source.md").read_text()
+    assert "# Conformance report: sink `memory`" in (tmp_path / "r.sink.md").read_text()
     result = conformance("run", "generator", "--no-spark", "--report", "r.md", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "Spark layer: not run (--no-spark)" in (tmp_path / "r.md").read_text()
+    assert "Spark layer: not run (--no-spark)" in result.stdout
+    assert "# Conformance report: source `generator`" in (tmp_path / "r.md").read_text()
+
+
+def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
+    result = conformance(
+        "run", "generator", "--no-spark", "--strict", "--seed", "2", "--report", "r.md",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert (
+        "--strict: core checks were skipped and the test context stated no reason: "
+        "test_spark_pipeline_killed_at_crash_points_restarts_without_loss (spark)"
+    ) in result.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "**Result: FAILED** — 12 passed, 0 failed" in text
+    strict = text.split("## Strict: core checks skipped without a stated reason")[1]
+    assert "(spark)" in strict
+    assert "live-appends" not in strict, "the generator's context states why, so strict accepts it"
+    assert (
+        "turned off by the test context: the generator's rows are fixed by its configuration"
+        in text.split("## Not tested, by category")[1]
+    )
+    assert "- Replay: `laminar conformance run generator --role source --seed 2 --strict`" in text
 
 
 def test_an_unknown_connector_is_a_usage_error(tmp_path):

@@ -1,0 +1,331 @@
+"""A third-party plugin as an outside author writes it: a queue source and a SQLite sink.
+
+The queue is a directory of JSON-lines files, ``p0.jsonl`` to ``p2.jsonl``, one per partition,
+appended to by producers. ``outsider-queue`` reads it correctly; each ``outsider-*`` variant
+has one bug an author plausibly writes (``outsider-queue-blind-context`` has it in its test
+context, which fills one partition only). ``outsider-sqlite`` is an exactly-once SQLite sink
+that publishes an epoch's rows and records the epoch in one transaction;
+``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch``, unmarked. The
+source's test context is written as an author writes one after reading only the protocol: it
+does not declare ``partitions`` or ``live_appends`` — the kit has to find out. Used with
+``--plugin outsider``; it imports nothing from the kit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from laminar_sdk import (
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectorConfig,
+    ConnectorRegistry,
+    InvalidState,
+    PartitionInfo,
+    SchemaMismatch,
+    SinkConnector,
+    SinkConnectorCapabilities,
+    SourceBatch,
+    SourceCheckpoint,
+    SourceConnector,
+    WriteResult,
+    hookimpl,
+)
+
+PARTITIONS = ("p0", "p1", "p2")
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+class QueueSource(SourceConnector):
+    """Round-robin over the partitions; the position of each is the number of lines read."""
+
+    def __init__(self) -> None:
+        self.directory = Path()
+        self.positions: dict[str, int] = {}
+        self.cursor = 0
+
+    async def open(self, config: ConnectorConfig) -> None:
+        path = config.properties.get("path")
+        if not path:
+            raise ConfigurationError("queue source: set `path` to the queue directory", key="path")
+        self.directory = Path(path)
+        self.positions = dict.fromkeys(PARTITIONS, 0)
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    def lines(self, partition: str) -> list[str]:
+        return _lines(self.directory / f"{partition}.jsonl")
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        for _ in PARTITIONS:
+            partition = PARTITIONS[self.cursor]
+            start = self.positions[partition]
+            taken = self.lines(partition)[start : start + max_records]
+            self.cursor = (self.cursor + 1) % len(PARTITIONS)
+            if taken:
+                self.advance(partition, len(taken))
+                ids = [json.loads(line)["id"] for line in taken]
+                batch = pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)
+                return SourceBatch(batch, PartitionInfo(partition, str(start + len(taken))))
+        return None
+
+    def advance(self, partition: str, count: int) -> None:
+        self.positions[partition] += count
+
+    def checkpoint(self) -> SourceCheckpoint:
+        return SourceCheckpoint({p: str(position) for p, position in self.positions.items()})
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        for partition, offset in checkpoint.offsets.items():
+            self.positions[partition] = int(offset)
+
+    async def close(self) -> None:
+        pass
+
+
+class RestoresFirstPartitionOnly(QueueSource):
+    """Seeks the first partition of the checkpoint and forgets to loop over the others."""
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        for partition, offset in checkpoint.offsets.items():
+            self.positions[partition] = int(offset)
+            break
+
+
+class CheckpointLagsInOnePartition(QueueSource):
+    """Counts partition p1's position from 1 in its checkpoint (an off-by-one in one place)."""
+
+    def checkpoint(self) -> SourceCheckpoint:
+        offsets = {p: str(position) for p, position in self.positions.items()}
+        offsets["p1"] = str(max(0, self.positions["p1"] - 1))
+        return SourceCheckpoint(offsets)
+
+
+class CheckpointsTheEndWhenCaughtUp(QueueSource):
+    """Once it has returned every line it last read, checkpoints the end of the file instead.
+
+    Records appended after its last poll of a partition and before the checkpoint are then
+    skipped by a restore: they are lost. With nothing appended meanwhile, it is right.
+    """
+
+    async def open(self, config: ConnectorConfig) -> None:
+        await super().open(config)
+        self.read_up_to = dict.fromkeys(PARTITIONS, 0)
+
+    def lines(self, partition: str) -> list[str]:
+        lines = super().lines(partition)
+        self.read_up_to[partition] = len(lines)
+        return lines
+
+    def checkpoint(self) -> SourceCheckpoint:
+        offsets = {}
+        for partition, position in self.positions.items():
+            caught_up = position >= self.read_up_to[partition]
+            end = len(_lines(self.directory / f"{partition}.jsonl"))
+            offsets[partition] = str(end if caught_up else position)
+        return SourceCheckpoint(offsets)
+
+
+class AdvancesTheNextPartition(QueueSource):
+    """Moves the cursor before it records the position: one partition's records move another."""
+
+    def advance(self, partition: str, count: int) -> None:
+        self.positions[PARTITIONS[self.cursor]] += count
+
+
+SOURCES: dict[str, type[QueueSource]] = {
+    "outsider-queue-blind-context": QueueSource,
+    "outsider-queue": QueueSource,
+    "outsider-restores-first-partition-only": RestoresFirstPartitionOnly,
+    "outsider-checkpoint-lags-in-one-partition": CheckpointLagsInOnePartition,
+    "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,
+    "outsider-advances-the-next-partition": AdvancesTheNextPartition,
+}
+
+
+class QueueContext:
+    """A fresh queue in ``workdir``; ``append`` writes lines as a producer would."""
+
+    def __init__(self, connector: str, workdir: Path) -> None:
+        self.connector = connector
+        self.directory = workdir / "queue"
+        self.directory.mkdir()
+
+    def config(self) -> ConnectorConfig:
+        return ConnectorConfig(self.connector, {"path": str(self.directory)})
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        name = PARTITIONS[partition or 0]
+        with (self.directory / f"{name}.jsonl").open("a", encoding="utf-8") as file:
+            file.writelines(json.dumps({"id": record}) + "\n" for record in ids)
+            file.flush()
+            os.fsync(file.fileno())
+
+    def ids(self, records: pa.RecordBatch) -> list[int]:
+        return [int(value) for value in records.column("id").to_pylist()]
+
+    def close(self) -> None:
+        pass
+
+
+class BlindContext(QueueContext):
+    """Appends everything to the first partition, whatever partition the kit names."""
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        super().append(ids, None)
+
+
+# Sinks: SQLite, exactly-once through an epochs table ---------------------------------------
+
+
+class SqliteSink(SinkConnector):
+    """Stages an epoch's ids at ``pre_commit``; publishes them and records the epoch at once."""
+
+    def __init__(self) -> None:
+        self.db: sqlite3.Connection | None = None
+        self.pending: list[int] = []
+
+    async def open(self, config: ConnectorConfig) -> None:
+        path = config.properties.get("path")
+        if not path:
+            raise ConfigurationError("sqlite sink: set `path` to the database file", key="path")
+        self.db = sqlite3.connect(path)
+        self.db.executescript(
+            "CREATE TABLE IF NOT EXISTS rows (id INTEGER);"
+            "CREATE TABLE IF NOT EXISTS staged (epoch INTEGER, id INTEGER);"
+            "CREATE TABLE IF NOT EXISTS epochs (epoch INTEGER PRIMARY KEY);"
+        )
+        self.db.commit()
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
+
+    def connection(self) -> sqlite3.Connection:
+        if self.db is None:
+            raise InvalidState("open()", "not opened")
+        return self.db
+
+    async def begin_epoch(self, epoch: int) -> None:
+        self.pending = []
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        if not batch.schema.equals(SCHEMA):
+            raise SchemaMismatch(f"expected {SCHEMA}, got {batch.schema}")
+        self.pending += batch.column("id").to_pylist()
+        return WriteResult(batch.num_rows, batch.nbytes)
+
+    async def pre_commit(self, epoch: int) -> None:
+        db = self.connection()
+        db.execute("DELETE FROM staged WHERE epoch = ?", (epoch,))
+        db.executemany("INSERT INTO staged VALUES (?, ?)", [(epoch, i) for i in self.pending])
+        db.commit()
+
+    def committed(self, epoch: int) -> bool:
+        found = self.connection().execute("SELECT 1 FROM epochs WHERE epoch = ?", (epoch,))
+        return found.fetchone() is not None
+
+    async def commit_epoch(self, epoch: int) -> None:
+        if self.committed(epoch):
+            return
+        db = self.connection()
+        db.execute("INSERT INTO rows SELECT id FROM staged WHERE epoch = ?", (epoch,))
+        db.execute("INSERT INTO epochs VALUES (?)", (epoch,))
+        db.execute("DELETE FROM staged WHERE epoch = ?", (epoch,))
+        db.commit()
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        self.pending = []
+        db = self.connection()
+        db.execute("DELETE FROM staged WHERE epoch = ?", (epoch,))
+        db.commit()
+
+    async def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+
+class SqliteSinkMarkerApart(SqliteSink):
+    """Publishes the rows in one transaction and records the epoch in a second one."""
+
+    async def commit_epoch(self, epoch: int) -> None:
+        if self.committed(epoch):
+            return
+        db = self.connection()
+        db.execute("INSERT INTO rows SELECT id FROM staged WHERE epoch = ?", (epoch,))
+        db.commit()
+        db.execute("INSERT INTO epochs VALUES (?)", (epoch,))
+        db.execute("DELETE FROM staged WHERE epoch = ?", (epoch,))
+        db.commit()
+
+
+SINKS: dict[str, type[SqliteSink]] = {
+    "outsider-sqlite": SqliteSink,
+    "outsider-sqlite-marker-apart": SqliteSinkMarkerApart,
+}
+
+
+class SqliteContext:
+    """A fresh database file in ``workdir``; what a reader of ``rows`` sees."""
+
+    def __init__(self, connector: str, workdir: Path) -> None:
+        self.connector = connector
+        self.path = workdir / "sink.db"
+
+    def config(self) -> ConnectorConfig:
+        return ConnectorConfig(self.connector, {"path": str(self.path)})
+
+    def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
+        return pa.record_batch([pa.array(list(ids), pa.int64())], schema=SCHEMA)
+
+    def committed_ids(self) -> list[int]:
+        if not self.path.exists():
+            return []
+        with contextlib.closing(sqlite3.connect(self.path)) as db:
+            try:
+                return [row[0] for row in db.execute("SELECT id FROM rows")]
+            except sqlite3.OperationalError:  # no table yet
+                return []
+
+    def close(self) -> None:
+        pass
+
+
+@hookimpl
+def laminar_register_connectors(registry: ConnectorRegistry) -> None:
+    for name, source in SOURCES.items():
+        registry.add_source(
+            name, source, config_keys=[ConfigKeySpec("path", required=True)], description=name
+        )
+    for name, sink in SINKS.items():
+        registry.add_sink(
+            name, sink, config_keys=[ConfigKeySpec("path", required=True)], description=name
+        )
+
+
+@hookimpl
+def laminar_conformance_context(
+    connector: str, role: str, workdir: Path
+) -> QueueContext | SqliteContext | None:
+    if role == "sink" and connector in SINKS:
+        return SqliteContext(connector, workdir)
+    if role != "source" or connector not in SOURCES:
+        return None
+    if connector == "outsider-queue-blind-context":
+        return BlindContext(connector, workdir)
+    return QueueContext(connector, workdir)
