@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import pickle
 import shutil
@@ -35,6 +36,7 @@ import pytest
 from pyarrow import parquet
 
 from laminar_conformance._figures import Figures
+from laminar_conformance._probe import source_traits
 from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_OPTION
 from laminar_conformance._report import SPARK_SCHEDULES_PROPERTY
 from laminar_conformance._skips import skip
@@ -196,6 +198,11 @@ class SparkLayer:
             )
             if run.crashed:
                 result.fired.append(str(point))
+                if case.arrive is not None:
+                    # Data keeps arriving while the driver is down, in every partition: the
+                    # restart must replay the micro-batch it had planned exactly, not what
+                    # the source holds now.
+                    self._progress(f"{case.arrive()} new ids appended while the driver is down")
                 continue
             if run.returncode != 0:
                 result.problems.append(_failed(run, f"run {number} (to crash at {point})"))
@@ -294,6 +301,9 @@ class _Case:
     range_readable: bool
     read_back: Callable[[], Sequence[int] | None]
     close: Callable[[], None]
+    arrive: Callable[[], int] | None = None
+    """Append new records to the source while its pipeline is down (``None``: it cannot);
+    returns how many."""
 
     @classmethod
     def build(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
@@ -340,12 +350,24 @@ class _Case:
     def _source_case(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
         from pyspark import cloudpickle  # noqa: PLC0415 - only when Spark runs
 
+        traits = source_traits(target)
         context: SourceTestContext = target.source_context()
-        partitions = int(getattr(context, "partitions", 1))
-        if getattr(context, "equal_partitions", False):
-            ids = ids[: len(ids) - len(ids) % partitions]
-        for partition in range(partitions):
-            context.append(ids[partition::partitions], partition if partitions > 1 else None)
+        partitions = traits.partitions
+        ids = ids[: len(ids) - len(ids) % partitions] if traits.equal_partitions else list(ids)
+
+        def append(fresh: list[int]) -> None:
+            for partition in range(partitions):
+                context.append(fresh[partition::partitions], partition if partitions > 1 else None)
+
+        append(ids)
+        fresh_ids = itertools.count(max(ids, default=-1) + 1)
+
+        def arrive() -> int:
+            fresh = [next(fresh_ids) for _ in range(IDS_PER_EPOCH - IDS_PER_EPOCH % partitions)]
+            append(fresh)
+            ids.extend(fresh)
+            return len(fresh)
+
         try:
             pickled: bytes = cloudpickle.dumps(context.ids)  # type: ignore[no-untyped-call]
             pickle.loads(pickled)  # noqa: S301 - what was just pickled here
@@ -380,6 +402,7 @@ class _Case:
             range_readable,
             lambda: MemorySink.committed_ids(sink) if sink.exists() else [],
             context.close,
+            arrive if traits.live_appends else None,
         )
 
     def delivery_problems(self) -> list[str]:

@@ -137,13 +137,16 @@ def test_a_sink_whose_commit_record_lives_in_memory_is_caught(tmp_path, install_
 @pytest.mark.spark
 @pytest.mark.slow
 def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
+    """A third-party polled source of three partitions, probed live: data arrives while down."""
     report = tmp_path / "report.md"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     result = subprocess.run(
         [
-            sys.executable, "-m", "laminar_conformance", "run", "generator", "--seed", "3",
-            "--report", str(report),
+            sys.executable, "-m", "laminar_conformance", "run", "outsider-queue", "--seed", "3",
+            "--plugin", "outsider", "--report", str(report),
         ],
         cwd=tmp_path,
+        env=environment,
         capture_output=True,
         text=True,
         check=False,
@@ -154,7 +157,8 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     spark = next(line for line in text.splitlines() if line.startswith("- Spark layer:"))
     assert spark.startswith("- Spark layer: passed — 1 pipeline(s), 1 crash(es) injected"), spark
     assert "; crash schedule(s): " in spark
-    assert "laminar conformance: generator: Spark run 1, to be killed at " in result.stdout
+    assert "laminar conformance: outsider-queue: Spark run 1, to be killed at " in result.stdout
+    assert "outsider-queue: 12 new ids appended while the driver is down" in result.stdout
     epochs = int(spark.split(" epochs committed")[0].rsplit(" ", 1)[1])
     assert epochs >= 5, spark
     assert "| test_spark_pipeline_killed_at_crash_points_restarts_without_loss | passed |" in text
