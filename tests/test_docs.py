@@ -128,3 +128,16 @@ asyncio.run(main())
         int(__import__("json").loads(line)["id"]) for line in out_file.read_text().splitlines()
     ]
     assert written == [0, 1, 2, 3, 4]
+
+    # The plugin passes the conformance kit as written, its contexts saying what cannot apply.
+    for connector in ("example-counter", "example-jsonl"):
+        kit = subprocess.run(
+            [sys.executable, "-m", "laminar_conformance", "run", connector, "--no-spark"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert kit.returncode == 0, kit.stdout[-4000:] + kit.stderr[-2000:]
+        assert "turned off by the test context: " in kit.stdout
