@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
-from laminar_sdk._errors import ConfigurationError, LaminarError
+from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
@@ -177,20 +177,40 @@ def build_parser() -> argparse.ArgumentParser:
     new_plugin.set_defaults(handler=_new_plugin)
 
     add_checkpoint_commands(commands)
-    _add_conformance_commands(commands)
+    _add_installed_commands(commands)
     return parser
 
 
-def _add_conformance_commands(commands: argparse._SubParsersAction[Any]) -> None:
-    # The kit is a separate distribution: `laminar conformance` exists where it is installed,
-    # and says how to get it where it is not.
-    try:
-        from laminar_conformance._cli import add_conformance_commands  # noqa: PLC0415
-    except ImportError:
+COMMAND_ENTRY_POINT_GROUP = "laminar_sdk.commands"
+"""Entry points that add subcommands to ``laminar``: each names a callable taking argparse's
+subparsers (``add_parser``), as the conformance kit's ``conformance = "...:add_commands"``."""
+
+
+def _add_installed_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    # Other distributions add their commands (the conformance kit adds `laminar conformance`)
+    # through entry points, as pytest and tox plugins do: the SDK never imports them.
+    for entry_point in metadata.entry_points(group=COMMAND_ENTRY_POINT_GROUP):
+        try:
+            add_commands = entry_point.load()
+            add_commands(commands)
+        except Exception as error:  # noqa: BLE001 - any broken plugin: its command says why
+            broken = commands.add_parser(entry_point.name, help=f"(cannot load: {error})")
+            broken.set_defaults(handler=_unloadable(entry_point, error))
+    if "conformance" not in commands.choices:
         missing = commands.add_parser("conformance", help="(pip install laminar-conformance)")
         missing.set_defaults(handler=_conformance_missing)
-    else:
-        add_conformance_commands(commands)
+
+
+def _unloadable(
+    entry_point: metadata.EntryPoint, error: Exception
+) -> Callable[[argparse.Namespace], int]:
+    def fail(_args: argparse.Namespace) -> int:
+        raise PluginError(
+            f"the `laminar {entry_point.name}` command of entry point {entry_point.value!r} "
+            f"cannot be loaded: {error!r}; reinstall the distribution that provides it"
+        ) from error
+
+    return fail
 
 
 def _conformance_missing(_args: argparse.Namespace) -> int:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
-from laminar_sdk._cli import main
+from laminar_sdk._cli import COMMAND_ENTRY_POINT_GROUP, main
 
 PLUGIN = """
 import pyarrow as pa
@@ -112,3 +113,39 @@ def test_console_script_is_installed():
         check=True,
     )
     assert result.stdout.startswith("laminar ")
+
+
+def commands_from(monkeypatch, *entry_points):
+    """Make ``laminar`` see only ``entry_points`` in the group that adds commands."""
+
+    def installed(group):
+        return [point for point in entry_points if point.group == group]
+
+    monkeypatch.setattr(metadata, "entry_points", installed)
+    return COMMAND_ENTRY_POINT_GROUP
+
+
+def test_the_kit_adds_laminar_conformance_through_its_entry_point(capsys):
+    group = COMMAND_ENTRY_POINT_GROUP
+    installed = {point.name: point.value for point in metadata.entry_points(group=group)}
+    assert installed == {"conformance": "laminar_conformance._cli:add_conformance_commands"}
+    with pytest.raises(SystemExit):
+        main(["conformance", "run", "--help"])
+    assert "--strict" in capsys.readouterr().out
+
+
+def test_without_the_kit_laminar_conformance_says_how_to_get_it(monkeypatch, capsys):
+    commands_from(monkeypatch)
+    assert main(["conformance"]) == 2
+    assert "needs the conformance kit: pip install laminar-conformance" in capsys.readouterr().err
+
+
+def test_a_command_that_cannot_be_loaded_says_which_and_the_rest_still_works(monkeypatch, capsys):
+    group = "laminar_sdk.commands"
+    broken = metadata.EntryPoint("conformance", "no_such_module_here:add", group)
+    assert commands_from(monkeypatch, broken) == group
+    assert main(["conformance"]) == 2
+    err = capsys.readouterr().err
+    assert "the `laminar conformance` command of entry point 'no_such_module_here:add'" in err
+    assert "reinstall the distribution that provides it" in err
+    assert main(["plugins", "list"]) == 0
