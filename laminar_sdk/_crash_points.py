@@ -41,12 +41,18 @@ def crash_point(name: str) -> None:
         _injector(name)
 
 
+def install_crash_point_injector(injector: CrashPointInjector | None) -> CrashPointInjector | None:
+    """Make ``injector`` the one :func:`crash_point` calls (``None``: none); return the last."""
+    global _injector
+    previous, _injector = _injector, injector
+    return previous
+
+
 @contextlib.contextmanager
 def injecting_crash_points(injector: CrashPointInjector) -> Iterator[None]:
     """Call ``injector`` at every :func:`crash_point` reached in this block (for test kits)."""
-    global _injector  # noqa: PLW0603 - the one switch crash_point reads
-    previous, _injector = _injector, injector
+    previous = install_crash_point_injector(injector)
     try:
         yield
     finally:
-        _injector = previous
+        install_crash_point_injector(previous)

@@ -43,8 +43,10 @@ point.
 - ``K``: just before the K-th *event* of the call. An event is an I/O operation Python audits
   (:func:`sys.addaudithook`): a file opened for writing, renamed, linked, removed or
   truncated, a directory made or removed, a socket connected or sent on — for a source also a
-  file opened for reading or a directory listed — or the return of a call (each ``restore`` /
-  ``poll_batch`` of a source's read, each batch ``read_range`` yields). When the call ends
+  file opened for reading or a directory listed — a crash point the connector marks
+  (:func:`laminar_sdk.crash_point`: the only events of I/O done in C, such as a database
+  client's), or the return of a call (each ``restore`` / ``poll_batch`` of a source's read,
+  each batch ``read_range`` yields). When the call ends
   before its K-th event, the kill comes right after it.
 - ``Nms``: N milliseconds after the call started, or right after it when it ends sooner — for
   connectors whose I/O Python cannot see (a network client written in C).
@@ -103,6 +105,7 @@ from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._config import ConnectorConfig
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._coordinator import ProtocolStep, StepObserver
+from laminar_sdk._crash_points import install_crash_point_injector
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._forwarding import ForwardingSink
 from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
@@ -310,6 +313,12 @@ _audit_installed = False
 _reads_in_process = 0
 
 
+def _marked(name: str) -> None:
+    window = _active
+    if window is not None:
+        window.event(f"at crash point {name}")
+
+
 def _audit(event: str, args: tuple[Any, ...]) -> None:
     window = _active
     if window is None:
@@ -346,6 +355,7 @@ class _Window:
         global _active, _audit_installed  # noqa: PLW0603 - one audit hook per process
         if not _audit_installed:
             sys.addaudithook(_audit)
+            install_crash_point_injector(_marked)
             _audit_installed = True
         _active = self
         if self._point.after_ms is not None and self._timer is None:

@@ -32,11 +32,13 @@ from laminar_sdk import (
     CheckpointCorrupted,
     CheckpointManifest,
     ConfigurationError,
+    ConnectorConfig,
     ConnectorRole,
     EpochCoordinator,
     SimulatedCrash,
     SinkConnector,
     SourceConnector,
+    crash_point,
     load_connector_registry,
     open_checkpointer,
     spark_temporary_files_in,
@@ -177,6 +179,36 @@ def test_commit_inside_kills_during_commit_epoch_and_recovery_finishes_it(
     # right after commit_epoch returned (there is no third event).
     assert at[0].startswith("before os.rename"), at
     assert at[1:] == ["commit_epoch returned"] * 2, at
+
+
+class MarkedSink(MemorySink):
+    """Marks a crash point in commit_epoch before publishing: I/O the audit hook cannot see."""
+
+    async def commit_epoch(self, epoch: int) -> None:
+        crash_point("about-to-publish")
+        await super().commit_epoch(epoch)
+
+
+def test_commit_inside_counts_the_crash_points_a_sink_marks(tmp_path, record):
+    async def run(crash_at: str | None) -> None:
+        environ = {CRASH_AT_VARIABLE: crash_at} if crash_at else {}
+        sink = MarkedSink()
+        await sink.open(ConnectorConfig("memory", {"path": str(tmp_path / "out")}))
+        coordinator = EpochCoordinator(
+            open_checkpointer(str(tmp_path / "ckpt")),
+            {"out": sink},
+            observer=crash_observer(environ, kill=stand_in_kill),
+        )
+        await coordinator.recover()
+        for epoch, ids in enumerate(EPOCHS):
+            await coordinator.run_epoch(epoch, [ids_batch(ids)], {})
+        await sink.close()
+
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(run("commit-inside:1:1"))
+    assert [fired["at"] for fired in recorded(record)] == ["at crash point about-to-publish"]
+    asyncio.run(run(None))
+    assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(8))
 
 
 def test_pre_commit_inside_kills_during_pre_commit_and_the_epoch_is_rolled_back(
