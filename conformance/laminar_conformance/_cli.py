@@ -23,7 +23,12 @@ from pathlib import Path
 import pytest
 
 from laminar_conformance._profiles import PROFILES, Profile
-from laminar_conformance._report import ReportCollector, RunDescription, write_report
+from laminar_conformance._report import (
+    ReportCollector,
+    RunDescription,
+    write_html_report,
+    write_report,
+)
 from laminar_conformance.contexts import ConformancePlugins
 from laminar_sdk import ConnectorRole, ConnectorSpec, LaminarError
 
@@ -199,6 +204,10 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
     if report is not None:
         write_report(report, run, collector, elapsed)
         print(f"laminar conformance: report written to {report}")
+    page = _for_role(args.html, spec.role, roles)
+    if page is not None:
+        write_html_report(page, run, collector, elapsed)
+        print(f"laminar conformance: HTML report, failing cases drawn, written to {page}")
     failed = collector.counts()["failed"]
     if status == pytest.ExitCode.OK:
         print(f"laminar conformance: every applicable check passed in {elapsed:.1f}s")
@@ -253,6 +262,12 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
     )
     run.add_argument("--junitxml", type=Path, metavar="PATH", help="also write a JUnit XML report")
     run.add_argument("--report", type=Path, metavar="PATH", help="also write a markdown report")
+    run.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="also write an HTML report that draws each failing case's timeline",
+    )
     run.add_argument(
         "--no-spark", action="store_true", help="run the in-process layer only (no Spark)"
     )

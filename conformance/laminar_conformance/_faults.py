@@ -144,6 +144,20 @@ def every_distributed_fault_point(epoch: int) -> list[FaultPoint]:
     return points
 
 
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One protocol call or step of a run, on one sink instance, and what happened there."""
+
+    instance: int
+    """The sink instance, counted from 0; a new one after each crash."""
+    what: str
+    """The call (``write_batch``) or the coordinator's step (``step commit``)."""
+    epoch: int
+    outcome: str
+    """``ok``, or the fault injected there (``crash-before``, ``error-after``, ``crash inside
+    commit_epoch: NAME``)."""
+
+
 class FaultPlan:
     """Faults to inject, each the first time its point is reached.
 
@@ -155,6 +169,18 @@ class FaultPlan:
         self.fired: list[FaultPoint] = []
         self.reached_inside: dict[str, set[int]] = {}
         """The crash points inside calls this plan's runs reached, with their epochs."""
+        self.trace: list[TraceEvent] = []
+        """Every call and fault of the runs, in order: the timeline of a failure."""
+        self.instance = -1
+        """The sink instance the calls now go to (see :meth:`new_instance`)."""
+
+    def new_instance(self) -> None:
+        """Calls from now on go to a new sink instance (after a crash, or a new task)."""
+        self.instance += 1
+
+    def record(self, what: str, epoch: int, outcome: str) -> None:
+        """Add an event to :attr:`trace`."""
+        self.trace.append(TraceEvent(self.instance, what, epoch, outcome))
 
     @contextlib.contextmanager
     def inside(self, call: str, epoch: int) -> Iterator[None]:
@@ -169,6 +195,7 @@ class FaultPlan:
             where = f"{INSIDE}{call}: {name}"
             self.reached_inside.setdefault(where, set()).add(epoch)
             if self.take(where, epoch).is_crash:
+                self.record(call, epoch, f"crash {where}")
                 raise SimulatedCrash(f"injected crash {where} of epoch {epoch}")
 
         def profile(frame: types.FrameType, event: str, function: object) -> None:
@@ -204,6 +231,7 @@ class FaultPlan:
     def observe(self, step: ProtocolStep, epoch: int) -> None:
         """A coordinator observer: crash where a crash is planned."""
         if self.take(step, epoch) is not Fault.NONE:
+            self.record(f"step {step.value}", epoch, "crash")
             raise SimulatedCrash(f"injected crash at step {step.value} of epoch {epoch}")
 
 
@@ -254,13 +282,29 @@ class FaultySink(ForwardingSink):
         super().__init__(sink)
         self._plan = plan
         self._epoch = -1
+        plan.new_instance()
 
     async def _faulty(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
         async def inside() -> None:
             with self._plan.inside(where, epoch):
                 await call()
 
-        await inject(self._plan.take(where, epoch), where, epoch, inside)
+        fault = self._plan.take(where, epoch)
+        # Recorded once the call is over, where it started (a crash inside records its own).
+        at, instance = len(self._plan.trace), self._plan.instance
+        outcome = "ok" if fault is Fault.NONE else fault.value
+        try:
+            await inject(fault, where, epoch, inside)
+        except (SimulatedCrash, InjectedFault):
+            if fault is Fault.NONE:
+                outcome = ""  # a crash inside the call: recorded where it happened
+            raise
+        except Exception as error:
+            outcome = f"raised {type(error).__name__}"
+            raise
+        finally:
+            if outcome:
+                self._plan.trace.insert(at, TraceEvent(instance, where, epoch, outcome))
 
     async def begin_epoch(self, epoch: int) -> None:
         """``begin_epoch``, with its planned fault."""

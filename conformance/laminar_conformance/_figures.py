@@ -7,6 +7,12 @@ from dataclasses import dataclass
 FIGURE_PREFIX = "laminar."
 """Prefix of the ``user_properties`` in which each check reports its figures."""
 
+COUNTERS = ("cases", "faults", "epochs", "restarts")
+"""The figures that are counts, summed over checks."""
+
+TIMELINE_PROPERTY = "laminar.timeline"
+"""The user property in which a failing check reports its failing case's timeline (JSON)."""
+
 
 @dataclass(slots=True)
 class Figures:
@@ -20,3 +26,5 @@ class Figures:
     """Epochs committed (sinks) or checkpoints restored (sources)."""
     restarts: int = 0
     """New connector instances opened after a crash or a close."""
+    timeline: str = ""
+    """The timeline of the failing case, as JSON (see :func:`laminar_conformance._timeline`)."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import html
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from laminar_conformance._figures import FIGURE_PREFIX, Figures
+from laminar_conformance._figures import COUNTERS, FIGURE_PREFIX, TIMELINE_PROPERTY
 from laminar_conformance._skips import CATEGORIES, CORE_CATEGORIES, Skip
+from laminar_conformance._timeline import Timeline
 
 _OUTCOME_ORDER = {"failed": 0, "passed": 1, "skipped": 2}
 
@@ -36,6 +38,8 @@ class CheckResult:
     """The crash schedules a Spark check ran, ``;``-separated."""
     probed: str = ""
     """What the probe check found the connector does."""
+    timeline: str = ""
+    """The failing case's timeline, as JSON, when the check drew one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,8 @@ class ReportCollector:
                 result.schedules = value
             elif key == PROBED_PROPERTY and isinstance(value, str):
                 result.probed = value
+            elif key == TIMELINE_PROPERTY and isinstance(value, str):
+                result.timeline = value
             elif key.startswith(FIGURE_PREFIX) and isinstance(value, int):
                 result.figures[key.removeprefix(FIGURE_PREFIX)] = value
         if report.failed:
@@ -121,10 +127,7 @@ class ReportCollector:
     def totals(self, prefix: str = "") -> dict[str, int]:
         """Every figure summed over the checks (whose names start with ``prefix``)."""
         chosen = [r for r in self.results.values() if r.name.startswith(prefix)]
-        return {
-            name: sum(result.figures.get(name, 0) for result in chosen)
-            for name in Figures.__dataclass_fields__
-        }
+        return {name: sum(result.figures.get(name, 0) for result in chosen) for name in COUNTERS}
 
     def spark_summary(self, planned: str) -> str:
         """How the Spark layer's checks went, with their figures; ``planned`` if none ran."""
@@ -181,7 +184,7 @@ def write_report(
         collector.results.values(), key=lambda r: (_OUTCOME_ORDER.get(r.outcome, 3), r.name)
     )
     for result in ordered:
-        figures = [str(result.figures.get(name, 0)) for name in Figures.__dataclass_fields__]
+        figures = [str(result.figures.get(name, 0)) for name in COUNTERS]
         lines.append(
             f"| {_cell(result.name)} | {result.outcome} | {' | '.join(figures)} | "
             f"{result.duration_s:.2f} | {_cell(result.reason)} |"
@@ -197,3 +200,35 @@ def write_report(
         lines += ["", "## Failures", "", f"Replay with `{run.replay_command}`.", ""]
         lines += [f"- `{r.name}`: {r.reason}" for r in failed]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def write_html_report(
+    path: Path, run: RunDescription, collector: ReportCollector, elapsed_s: float
+) -> None:
+    """Write the report of a run to ``path`` as one HTML page, each failing case drawn.
+
+    The page holds what the markdown report holds; under each failed check that recorded a
+    timeline, the picture of its (minimal) failing case: one row per sink instance, one box
+    per protocol call, the injected fault or kill in colour, and the ids a reader then saw
+    lost or duplicated.
+    """
+    markdown = path.with_suffix(".md.tmp")
+    write_report(markdown, run, collector, elapsed_s)
+    summary = markdown.read_text(encoding="utf-8")
+    markdown.unlink()
+    failed = [r for r in collector.results.values() if r.outcome == "failed"]
+    sections = []
+    for result in failed:
+        picture = Timeline.from_json(result.timeline).svg() if result.timeline else ""
+        sections.append(
+            f"<h2>{html.escape(result.name)}</h2><p>{html.escape(result.reason)}</p>"
+            + (picture or "<p>(this check draws no timeline)</p>")
+        )
+    page = (
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>Conformance report: {html.escape(run.role)} {html.escape(run.connector)}</title>"
+        "</head><body><h1>Failing cases</h1>"
+        + ("".join(sections) or "<p>None: every check that ran passed.</p>")
+        + f"<h1>Report</h1><pre>{html.escape(summary)}</pre></body></html>\n"
+    )
+    path.write_text(page, encoding="utf-8")

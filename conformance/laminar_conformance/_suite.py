@@ -13,7 +13,7 @@ import pytest
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
 
-from laminar_conformance._figures import FIGURE_PREFIX, Figures
+from laminar_conformance._figures import COUNTERS, FIGURE_PREFIX, TIMELINE_PROPERTY, Figures
 from laminar_conformance._profiles import (
     PROFILE_VARIABLE,
     Profile,
@@ -167,5 +167,7 @@ class ConnectorSuite:
         """Counters a check fills in; reported as ``laminar.*`` user properties."""
         figures = Figures()
         yield figures
-        for name in Figures.__dataclass_fields__:
+        for name in COUNTERS:
             request.node.user_properties.append((FIGURE_PREFIX + name, getattr(figures, name)))
+        if figures.timeline:
+            request.node.user_properties.append((TIMELINE_PROPERTY, figures.timeline))

@@ -65,6 +65,7 @@ from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
 from laminar_conformance._suite import ConnectorSuite, Target, check
+from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext
 from laminar_sdk import (
     Closed,
@@ -658,10 +659,14 @@ def _check_run(
     problems = _delivery_problems(visible, epochs, exactly_once)
     guarantee = "exactly once" if exactly_once else "at least once"
     path = "staged by write tasks and committed" if staged else "through the coordinator"
+    timeline = Timeline(tuple(plan.trace), tuple(problems))
+    if problems:
+        figures.timeline = timeline.to_json()
     assert not problems, (
         f"{len(epochs)} epochs {path} with faults "
         f"[{'; '.join(map(str, plan.fired)) or 'none fired'}]: not delivered {guarantee}: "
         + "; ".join(problems)
+        + ("\n" + timeline.text() if plan.trace else "")
     )
 
 

@@ -138,6 +138,7 @@ def conformance_run(
 ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
     command += ["--plugin", plugin, "--seed", seed, "--no-spark", "--report", str(report)]
+    command += ["--html", str(report.with_suffix(".html"))]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     return subprocess.run(
         command, capture_output=True, text=True, env=environment, cwd=report.parent, check=False
@@ -212,6 +213,15 @@ def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(r
         "[crash-before inside commit_epoch: sqlite3.Connection.commit#2 of epoch 1]: not "
         "delivered exactly once: duplicated ids"
     ) in broken
+    # The HTML report draws the failing case: the crash inside commit_epoch of epoch 1 on the
+    # first instance, the second instance committing epoch 1 again, and the ids doubled.
+    page = runs["outsider-sqlite-marker-apart"][1].with_suffix(".html").read_text()
+    assert (
+        "<title>instance 0: commit_epoch of epoch 1: crash inside commit_epoch: "
+        "sqlite3.Connection.commit#2</title>"
+    ) in page
+    assert "<title>instance 1: commit_epoch of epoch 1: ok</title>" in page
+    assert 'fill="#a00">duplicated ids [3, 4, 5] (epochs [1])</text>' in page
 
 
 @pytest.mark.slow
