@@ -169,6 +169,15 @@ def runs(tmp_path_factory):
         yield {run: (future.result(), directory / f"{run}.md") for run, future in started.items()}
 
 
+def passing_report(runs, run: str) -> str:
+    """The markdown report of ``run``, which must have passed."""
+    result, report = runs[run]
+    assert result.returncode == 0, result.stdout[-3000:]
+    text = report.read_text()
+    assert "**Result: PASSED**" in text
+    return text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("connector", "role", "catching_check"), VARIANTS + OUTSIDER_VARIANTS)
 def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_check):
@@ -184,10 +193,7 @@ def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_chec
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", OUTSIDER_SEEDS)
 def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appends(runs, seed):
-    result, report = runs[f"outsider-queue-{seed}"]
-    assert result.returncode == 0, result.stdout[-3000:]
-    text = report.read_text()
-    assert "**Result: PASSED**" in text
+    text = passing_report(runs, f"outsider-queue-{seed}")
     probed = next(line for line in text.splitlines() if line.startswith("- Probed:"))
     assert "3 partition(s), probed" in probed
     assert "live appends: probed, records appended to an opened source arrive" in probed
@@ -201,9 +207,7 @@ def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appe
 
 @pytest.mark.slow
 def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(runs):
-    result, report = runs["outsider-sqlite"]
-    assert result.returncode == 0, result.stdout[-3000:]
-    text = report.read_text()
+    text = passing_report(runs, "outsider-sqlite")
     check = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
     row = next(line for line in text.splitlines() if line.startswith(f"| {check} "))
     assert "| passed |" in row
@@ -243,19 +247,14 @@ def test_the_distributed_commit_state_machine_catches_the_variant(runs, connecto
 @pytest.mark.slow
 @pytest.mark.parametrize(("connector", "role"), list(CORRECT))
 def test_the_correct_connectors_pass_the_checks_of_what_they_offer(runs, connector, role):
-    result, report = runs[connector]
-    assert result.returncode == 0, result.stdout[-3000:]
-    text = report.read_text()
-    assert "**Result: PASSED**" in text
+    text = passing_report(runs, connector)
     for check in CORRECT[connector, role]:
         assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
 
 
 @pytest.mark.slow
 def test_a_source_without_replay_skips_the_replay_checks_saying_why(runs):
-    result, report = runs["no-replay-source"]
-    assert result.returncode == 0, result.stdout[-3000:]
-    text = report.read_text()
+    text = passing_report(runs, "no-replay-source")
     assert "- Capabilities: no-replay" in text
     reason = "supports_replay() is False: the source cannot go back"
     assert f"  - `test_each_partition_restores_independently`: {reason}" in text
