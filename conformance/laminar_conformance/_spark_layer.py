@@ -24,9 +24,10 @@ import json
 import pickle
 import shutil
 import tempfile
+import threading
 import types
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,13 +190,16 @@ class SparkLayer:
         finished = False
         for number, point in enumerate(schedule, start=1):
             self._progress(f"Spark run {number}, to be killed at {describe_crash(point)}")
-            run = run_in_child(
-                case.pipeline,
-                case.directory,
-                f"run-{number}",
-                crash=str(self._for_child(case, point)),
-                python_path=self._python_path,
-            )
+            with _arriving(case) as arrived:
+                run = run_in_child(
+                    case.pipeline,
+                    case.directory,
+                    f"run-{number}",
+                    crash=str(self._for_child(case, point)),
+                    python_path=self._python_path,
+                )
+            if arrived:
+                self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
             if run.crashed:
                 result.fired.append(str(point))
                 if case.arrive is not None:
@@ -276,6 +280,38 @@ class SparkLayer:
             f"[{PLUGIN_ENTRY_POINT_GROUP}]\n" + "\n".join(lines) + "\n"
         )
         return tuple(dict.fromkeys(roots))
+
+
+ARRIVAL_INTERVAL_S = 2.0
+"""How often a live source gets a micro-batch of new ids while a run to be killed runs."""
+
+
+@contextlib.contextmanager
+def _arriving(case: _Case) -> Iterator[list[int]]:
+    """Append new ids to a live source every :data:`ARRIVAL_INTERVAL_S` in this block.
+
+    Yields the list of how many each append added (empty for a source that is not live).
+    Only runs that are to be killed get them: the last run must find everything there when
+    it starts (``availableNow``).
+    """
+    arrived: list[int] = []
+    if case.arrive is None:
+        yield arrived
+        return
+    stop = threading.Event()
+    arrive = case.arrive
+
+    def feed() -> None:
+        while not stop.wait(ARRIVAL_INTERVAL_S):
+            arrived.append(arrive())
+
+    feeder = threading.Thread(target=feed, name="laminar-conformance-arrivals", daemon=True)
+    feeder.start()
+    try:
+        yield arrived
+    finally:
+        stop.set()
+        feeder.join()
 
 
 def _rotated(values: list[Any], turn: int) -> list[Any]:

@@ -159,6 +159,7 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     assert "; crash schedule(s): " in spark
     assert "laminar conformance: outsider-queue: Spark run 1, to be killed at " in result.stdout
     assert "outsider-queue: 12 new ids appended while the driver is down" in result.stdout
+    assert " new ids appended while run 1 ran" in result.stdout
     epochs = int(spark.split(" epochs committed")[0].rsplit(" ", 1)[1])
     assert epochs >= 5, spark
     assert "| test_spark_pipeline_killed_at_crash_points_restarts_without_loss | passed |" in text
