@@ -148,6 +148,14 @@ class ReportCollector:
         )
 
 
+def _shown_reason(result: CheckResult) -> str:
+    """A failure's reason, or a skip's as ``category: reason``."""
+    if result.outcome != "skipped":
+        return result.reason
+    skip = Skip.parse(result.reason)
+    return f"{skip.category}: {skip.reason}" if skip.category else skip.reason
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -187,7 +195,7 @@ def write_report(
         figures = [str(result.figures.get(name, 0)) for name in COUNTERS]
         lines.append(
             f"| {_cell(result.name)} | {result.outcome} | {' | '.join(figures)} | "
-            f"{result.duration_s:.2f} | {_cell(result.reason)} |"
+            f"{result.duration_s:.2f} | {_cell(_shown_reason(result))} |"
         )
     not_tested = collector.not_tested()
     if not_tested:
