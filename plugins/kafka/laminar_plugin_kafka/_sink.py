@@ -566,6 +566,11 @@ def _transaction_error(settings: SinkSettings, what: str, error: BaseException) 
             f"{text}. Another instance opened with transactional.id "
             f"{settings.transactional_id!r} and fenced this one; it now owns the sink"
         )
+    if found is not None and found.code() == KafkaError._FATAL:
+        return TransactionError(
+            f"{text}. The producer failed for good: most often another instance opened with "
+            f"transactional.id {settings.transactional_id!r} and fenced this one"
+        )
     if found is not None and found.retriable() and not found.fatal():
         return _RetriableTransactionError(text)
     return TransactionError(text)
@@ -618,8 +623,10 @@ def _produce_marker(writer: _Writer, epoch: int) -> None:
                 with fatal_errors_unwrapped():
                     writer.producer.poll(_QUEUE_FULL_WAIT_S)
     except KafkaException as error:
-        raise client_error(
-            settings.client, f"record epoch {epoch} in {settings.epochs_topic!r}", error, WriteError
+        # The marker belongs to the epoch's transaction: a producer fenced while it queues the
+        # marker fails it as the commit would (librdkafka may report the fencing here first).
+        raise _sink_error(
+            settings, f"record epoch {epoch} in {settings.epochs_topic!r}", error
         ) from error
 
 
