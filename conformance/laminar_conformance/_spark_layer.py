@@ -79,7 +79,7 @@ def spark_skip_reason(config: pytest.Config) -> str | None:
 
 
 def describe_crash(point: CrashPoint) -> str:
-    """``point`` as the hook takes it, with the crash point's number in the design notes."""
+    """``point`` as the hook takes it, with the crash point's number (1 to 10, CONTRIBUTING.md)."""
     return f"{point} (crash point {point.step.number})"
 
 
