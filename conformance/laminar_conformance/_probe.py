@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from dataclasses import dataclass, field
 
+from laminar_conformance._delivery import Delivery, drain
 from laminar_conformance._skips import STATED, skip, stated_reasons
 from laminar_conformance._suite import Target
 from laminar_conformance.contexts import SourceTestContext
@@ -26,15 +26,6 @@ PROBED_PARTITIONS = 4
 
 LIVE_WAIT_S = 1.0
 """How long the live probe waits, at least, for records appended to an opened source."""
-
-
-def read_enough(received: int, expected: int) -> bool:
-    """Whether a drain that expected ``expected`` records stops after ``received``.
-
-    A source that keeps returning records it returned before would never run dry: past
-    twice what was expected (and some), the drain stops and the comparison names the repeats.
-    """
-    return received > 2 * expected + 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,35 +55,24 @@ class SourceTraits:
         return "; ".join(self.found)
 
 
-@dataclass(slots=True)
-class _Reading:
-    ids: list[int] = field(default_factory=list)
-    partitions: list[str | None] = field(default_factory=list)
-
-
 async def _read(
     source: SourceConnector,
     context: SourceTestContext,
-    reading: _Reading,
+    reading: Delivery,
     expected: int,
     wait_s: float,
 ) -> None:
-    deadline = time.monotonic() + wait_s
-    while not read_enough(len(reading.ids), expected):
+    async def poll() -> bool:
         batch = await source.poll_batch(16)
-        if batch is not None:
-            ids = context.ids(batch.records)
-            reading.ids += ids
-            reading.partitions += [None if batch.partition is None else batch.partition.id] * len(
-                ids
-            )
-            continue
-        if len(reading.ids) >= expected or time.monotonic() >= deadline:
-            return
-        await asyncio.sleep(0.01)
+        if batch is None:
+            return False
+        reading.receive(context.ids(batch.records), batch.partition)
+        return True
+
+    await drain(poll, reading, expected, wait_s)
 
 
-def _addressable(appended: dict[int, list[int]], reading: _Reading) -> int:
+def _addressable(appended: dict[int, list[int]], reading: Delivery) -> int:
     """How many leading kit partitions map each onto one distinct source partition."""
     seen: set[str] = set()
     where = dict(zip(reading.ids, reading.partitions, strict=True))
@@ -228,7 +208,7 @@ class _SourceProbe:
     async def _partitions(
         self, source: SourceConnector, appended: dict[int, list[int]], refused: str
     ) -> int:
-        reading = _Reading()
+        reading = Delivery()
         total = sum(len(ids) for ids in appended.values())
         await _read(source, self._context, reading, total, self._wait_s)
         keys = sorted(source.checkpoint().offsets)
@@ -277,7 +257,7 @@ class _SourceProbe:
         if declared:
             self._found.append("live appends: declared by the test context")
             return True, None
-        reading = _Reading()
+        reading = Delivery()
         for partition in range(partitions):
             self._context.append([next(self._ids)], partition if partitions > 1 else None)
         wait_s = max(self._wait_s, LIVE_WAIT_S)

@@ -13,8 +13,9 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass
 
+from laminar_conformance._delivery import Delivery
 from laminar_conformance._figures import Figures
-from laminar_conformance._source_system import Delivery, SourceSystem, compare
+from laminar_conformance._source_system import SourceSystem, compare
 from laminar_sdk import PartitionRange, RangeReadableSource, SourceCheckpoint, SourceConnector
 
 RangeStep = tuple[str, int]

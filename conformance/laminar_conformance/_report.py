@@ -164,6 +164,11 @@ def write_report(
     path: Path, run: RunDescription, collector: ReportCollector, elapsed_s: float
 ) -> None:
     """Write the markdown report of a run to ``path``."""
+    path.write_text(markdown_report(run, collector, elapsed_s), encoding="utf-8")
+
+
+def markdown_report(run: RunDescription, collector: ReportCollector, elapsed_s: float) -> str:
+    """The markdown report of a run."""
     counts = collector.counts()
     totals = collector.totals()
     hidden = collector.hidden_core_skips() if run.strict else []
@@ -207,7 +212,7 @@ def write_report(
     if failed:
         lines += ["", "## Failures", "", f"Replay with `{run.replay_command}`.", ""]
         lines += [f"- `{r.name}`: {r.reason}" for r in failed]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def write_html_report(
@@ -220,10 +225,7 @@ def write_html_report(
     per protocol call, the injected fault or kill in colour, and the ids a reader then saw
     lost or duplicated.
     """
-    markdown = path.with_suffix(".md.tmp")
-    write_report(markdown, run, collector, elapsed_s)
-    summary = markdown.read_text(encoding="utf-8")
-    markdown.unlink()
+    summary = markdown_report(run, collector, elapsed_s)
     failed = [r for r in collector.results.values() if r.outcome == "failed"]
     sections = []
     for result in failed:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from laminar_conformance._probe import SourceTraits, read_enough, source_traits
+from laminar_conformance._delivery import Delivery, drain
+from laminar_conformance._probe import SourceTraits, source_traits
 from laminar_conformance._suite import Target
 from laminar_conformance.contexts import SourceTestContext
 from laminar_sdk import SourceCheckpoint, SourceConnector
@@ -22,34 +21,6 @@ T = TypeVar("T")
 
 MAX_RECORDS_PER_PARTITION = 12
 """The most records one append of a case puts into one partition."""
-
-
-@dataclass(slots=True)
-class Delivery:
-    """What a downstream received, in order, with the partition each record came from."""
-
-    ids: list[int] = field(default_factory=list)
-    partitions: list[str | None] = field(default_factory=list)
-
-    def truncate(self, length: int) -> None:
-        """Forget everything received after the first ``length`` records."""
-        del self.ids[length:]
-        del self.partitions[length:]
-
-    def by_partition(self, start: int = 0, stop: int | None = None) -> dict[str, list[int]] | None:
-        """The ids received from ``start`` to ``stop``, in order, by partition id.
-
-        ``None`` when a batch carried no :class:`~laminar_sdk.PartitionInfo`.
-        """
-        if None in self.partitions:
-            return None
-        grouped: dict[str, list[int]] = {}
-        for record, partition in zip(
-            self.ids[start:stop], self.partitions[start:stop], strict=True
-        ):
-            assert partition is not None
-            grouped.setdefault(partition, []).append(record)
-        return grouped
 
 
 class SourceSystem:
@@ -120,22 +91,19 @@ class SourceSystem:
         assert 0 <= batch.num_rows <= max_records, (
             f"poll_batch({max_records}) returned {batch.num_rows} records"
         )
-        delivery.ids += ids
-        partition = None if batch.partition is None else batch.partition.id
-        delivery.partitions += [partition] * len(ids)
+        delivery.receive(ids, batch.partition)
         return True
 
     async def drain(
         self, source: SourceConnector, delivery: Delivery, expected: int, max_records: int = 7
     ) -> None:
         """Poll until the source has nothing more, expecting ``expected`` records in all."""
-        deadline = time.monotonic() + self.idle_timeout_s
-        while not read_enough(len(delivery.ids), expected):
-            if await self.poll(source, max_records, delivery):
-                continue
-            if len(delivery.ids) >= expected or time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(0.01)
+        await drain(
+            lambda: self.poll(source, max_records, delivery),
+            delivery,
+            expected,
+            self.idle_timeout_s,
+        )
 
 
 def render(schema: pa.Schema) -> str:

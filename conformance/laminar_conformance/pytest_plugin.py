@@ -68,10 +68,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Collect every check's outcome, for the summary of what was not tested."""
-    results = ReportCollector()
+    """Collect every check's outcome, for the summary of what was not tested.
+
+    ``laminar conformance run`` passes its own collector (for its report): that one is used.
+    """
+    plugins = config.pluginmanager.get_plugins()
+    results = next((p for p in plugins if isinstance(p, ReportCollector)), None)
+    if results is None:
+        results = ReportCollector()
+        config.pluginmanager.register(results, "laminar-conformance-results")
     config.stash[_RESULTS] = results
-    config.pluginmanager.register(results, "laminar-conformance-results")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

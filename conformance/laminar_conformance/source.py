@@ -32,12 +32,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_conformance._config_checks import ConfigurationSuite
+from laminar_conformance._delivery import Delivery, read_enough
 from laminar_conformance._figures import Figures
-from laminar_conformance._probe import read_enough, skip_if_turned_off, source_traits
+from laminar_conformance._probe import skip_if_turned_off, source_traits
 from laminar_conformance._range_reads import RangeCase, RangeStep, plan_then_append
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._skips import skip
-from laminar_conformance._source_system import Delivery, SourceSystem, compare
+from laminar_conformance._source_system import SourceSystem, compare
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import (
     Closed,
