@@ -338,8 +338,8 @@ class _Case:
     read_back: Callable[[], Sequence[int] | None]
     close: Callable[[], None]
     arrive: Callable[[], int] | None = None
-    """Append new records to the source while its pipeline is down (``None``: it cannot);
-    returns how many."""
+    """Append a micro-batch of new records to a live source, across its partitions, while a
+    run goes on or its driver is down; returns how many (``None``: the source is not live)."""
 
     @classmethod
     def build(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
