@@ -9,6 +9,7 @@ apply. ``--no-spark`` leaves the Spark layer out; without ``pyspark`` it is skip
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import os
@@ -81,6 +82,38 @@ def generated_module(
     )
 
 
+def suite_checks(role: ConnectorRole) -> list[str]:
+    """The names of the checks ``laminar conformance run`` runs for a connector in ``role``."""
+    # Imported here: the suites import pytest's and Hypothesis's machinery.
+    from laminar_conformance import sink, source, spark  # noqa: PLC0415
+
+    suites: dict[ConnectorRole, tuple[type, ...]] = {
+        ConnectorRole.SINK: (sink.SinkSuite, spark.SparkSinkSuite),
+        ConnectorRole.SOURCE: (source.SourceSuite, spark.SparkSourceSuite),
+    }
+    return sorted(
+        {name for suite in suites[role] for name in dir(suite) if name.startswith("test_")}
+    )
+
+
+def _unknown_checks(checks: Sequence[str], role: ConnectorRole) -> str | None:
+    """Why ``checks`` cannot all run for a connector in ``role``, or ``None`` when they can."""
+    if not checks:
+        return None
+    known = suite_checks(role)
+    unknown = [name for name in checks if name not in known]
+    if not unknown:
+        return None
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (
+        f"--check names no {role} check: {', '.join(hints)}; the {role} checks are "
+        f"{', '.join(known)}"
+    )
+
+
 def _spark_plan(args: argparse.Namespace, profile: Profile) -> str:
     """What the Spark layer will do in this run, or why it will not run."""
     if args.no_spark:
@@ -101,6 +134,8 @@ def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) ->
         parts.append("--strict")
     for plugin in args.plugin:
         parts += ["--plugin", plugin]
+    for name in args.check:
+        parts += ["--check", name]
     return " ".join(parts)
 
 
@@ -124,6 +159,11 @@ def _run(args: argparse.Namespace) -> int:
         )
     else:
         specs = plugins.registry.every_role(args.connector)
+    for spec in specs:
+        unknown = _unknown_checks(args.check, spec.role)
+        if unknown is not None:
+            print(f"laminar conformance: {unknown}", file=sys.stderr)
+            return 2
     seed = args.seed if args.seed is not None else random.randrange(2**32)  # noqa: S311 - a test seed, not a secret
     statuses = [_run_role(args, spec, seed, len(specs)) for spec in specs]
     if len(specs) > 1:
@@ -176,8 +216,11 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
         # skipped, saying why, where --strict and the summary of what was not tested see it.
         source = generated_module(spec, args.plugin, replay, spark=True)
         module.write_text(source, encoding="utf-8")
+        selected = [
+            f"{module}::Test{_class_name(spec.name, spec.role)}::{name}" for name in args.check
+        ]
         argv = [
-            str(module),
+            *(selected or [str(module)]),
             "--rootdir",
             directory,
             "-p",
@@ -277,6 +320,16 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
         help=(
             "fail when a core check (replay, multi-partition, rollback, live appends, the "
             "Spark layer) was skipped without a reason stated in the test context's skip_checks"
+        ),
+    )
+    run.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=(
+            "run only the check NAME (repeatable; every case of a parametrized one), as a "
+            "failure's replay command does"
         ),
     )
     run.add_argument(

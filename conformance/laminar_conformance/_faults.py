@@ -16,6 +16,7 @@ import types
 from collections import Counter
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pyarrow as pa
 
@@ -69,6 +70,9 @@ class Fault(enum.Enum):
     """The process dies just before the call."""
     CRASH_AFTER = "crash-after"
     """The process dies just after the call returned."""
+    KILL = "kill"
+    """The process is killed with SIGKILL at a step (in a child process the kit starts): what
+    it held in memory — unflushed buffers, a writer thread's queue — is gone."""
 
     def __repr__(self) -> str:
         return f"Fault.{self.name}"
@@ -76,7 +80,7 @@ class Fault(enum.Enum):
     @property
     def is_crash(self) -> bool:
         """Whether the process dies (rather than the call failing)."""
-        return self in (Fault.CRASH_BEFORE, Fault.CRASH_AFTER)
+        return self in (Fault.CRASH_BEFORE, Fault.CRASH_AFTER, Fault.KILL)
 
     @property
     def call_happens(self) -> bool:
@@ -110,7 +114,8 @@ class FaultPoint:
 
     def __str__(self) -> str:
         if isinstance(self.where, ProtocolStep):
-            return f"crash at step {self.where.value} of epoch {self.epoch}"
+            how = "kill -9" if self.fault is Fault.KILL else "crash"
+            return f"{how} at step {self.where.value} of epoch {self.epoch}"
         return f"{self.fault.value} {self.where} of epoch {self.epoch}"
 
 
@@ -158,14 +163,24 @@ class TraceEvent:
     commit_epoch: NAME``)."""
 
 
+def simulated_crash(message: str) -> NoReturn:
+    """Crash the runtime in process, as a killed process stops: raise :class:`SimulatedCrash`."""
+    raise SimulatedCrash(message)
+
+
 class FaultPlan:
     """Faults to inject, each the first time its point is reached.
 
     :param points: the faults; two at the same point fire on successive visits.
+    :param crash: what a crash does, given what crashed where (default:
+        :func:`simulated_crash`; in a child process the kit kills, the process's own kill).
     """
 
-    def __init__(self, points: Iterable[FaultPoint]) -> None:
+    def __init__(
+        self, points: Iterable[FaultPoint], crash: Callable[[str], NoReturn] = simulated_crash
+    ) -> None:
         self._pending = list(points)
+        self.crash = crash
         self.fired: list[FaultPoint] = []
         self.reached_inside: dict[str, set[int]] = {}
         """The crash points inside calls this plan's runs reached, with their epochs."""
@@ -196,7 +211,7 @@ class FaultPlan:
             self.reached_inside.setdefault(where, set()).add(epoch)
             if self.take(where, epoch).is_crash:
                 self.record(call, epoch, f"crash {where}")
-                raise SimulatedCrash(f"injected crash {where} of epoch {epoch}")
+                self.crash(f"injected crash {where} of epoch {epoch}")
 
         def profile(frame: types.FrameType, event: str, function: object) -> None:
             del frame
@@ -228,25 +243,59 @@ class FaultPlan:
                 return point.fault
         return Fault.NONE
 
+    async def call(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
+        """Run the sink call ``where`` of ``epoch`` with its planned fault, on the timeline.
+
+        Crash points inside it are reached as :meth:`inside` says.
+        """
+
+        async def inside() -> None:
+            with self.inside(where, epoch):
+                await call()
+
+        fault = self.take(where, epoch)
+        # Recorded once the call is over, where it started (a crash inside records its own).
+        at, instance = len(self.trace), self.instance
+        outcome = "ok" if fault is Fault.NONE else fault.value
+        try:
+            await inject(fault, where, epoch, inside, self.crash)
+        except (SimulatedCrash, InjectedFault):
+            if fault is Fault.NONE:
+                outcome = ""  # a crash inside the call: recorded where it happened
+            raise
+        except Exception as error:
+            outcome = f"raised {type(error).__name__}"
+            raise
+        finally:
+            if outcome:
+                self.trace.insert(at, TraceEvent(instance, where, epoch, outcome))
+
     def observe(self, step: ProtocolStep, epoch: int) -> None:
-        """A coordinator observer: crash where a crash is planned."""
-        if self.take(step, epoch) is not Fault.NONE:
-            self.record(f"step {step.value}", epoch, "crash")
-            raise SimulatedCrash(f"injected crash at step {step.value} of epoch {epoch}")
+        """A coordinator observer: crash (or kill) where one is planned."""
+        fault = self.take(step, epoch)
+        if fault is not Fault.NONE:
+            outcome = "crash: kill -9" if fault is Fault.KILL else "crash"
+            self.record(f"step {step.value}", epoch, outcome)
+            self.crash(f"injected {FaultPoint(step, fault, epoch)}")
 
 
 async def inject(
-    fault: Fault, where: str, epoch: int, call: Callable[[], Awaitable[object]]
+    fault: Fault,
+    where: str,
+    epoch: int,
+    call: Callable[[], Awaitable[object]],
+    crash: Callable[[str], NoReturn] = simulated_crash,
 ) -> None:
     """Run ``call`` with ``fault`` around it.
 
-    :raises SimulatedCrash: for a crash.
+    :param crash: what a crash does (see :class:`FaultPlan`).
+    :raises SimulatedCrash: for a crash, by default.
     :raises InjectedFault: for an error.
     """
     if fault.call_happens:
         await call()
     if fault.is_crash:
-        raise SimulatedCrash(f"injected {fault.value} {where} of epoch {epoch}")
+        crash(f"injected {fault.value} {where} of epoch {epoch}")
     if fault is not Fault.NONE:
         raise InjectedFault(f"injected {fault.value} {where} of epoch {epoch}")
 
@@ -265,14 +314,13 @@ class FaultyDistributedCommit(DistributedCommitSink):
         async def stage() -> None:
             descriptors.append(await self._staging.stage(epoch, task, batches))
 
-        await inject(self._plan.take("stage", epoch), "stage", epoch, stage)
+        await self._plan.call("stage", epoch, stage)
         return descriptors[0]
 
     async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
         """``commit_aggregated``, with its planned fault."""
-        fault = self._plan.take("commit_aggregated", epoch)
         commit = self._staging.commit_aggregated
-        await inject(fault, "commit_aggregated", epoch, lambda: commit(epoch, descriptors))
+        await self._plan.call("commit_aggregated", epoch, lambda: commit(epoch, descriptors))
 
 
 class FaultySink(ForwardingSink):
@@ -284,32 +332,10 @@ class FaultySink(ForwardingSink):
         self._epoch = -1
         plan.new_instance()
 
-    async def _faulty(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
-        async def inside() -> None:
-            with self._plan.inside(where, epoch):
-                await call()
-
-        fault = self._plan.take(where, epoch)
-        # Recorded once the call is over, where it started (a crash inside records its own).
-        at, instance = len(self._plan.trace), self._plan.instance
-        outcome = "ok" if fault is Fault.NONE else fault.value
-        try:
-            await inject(fault, where, epoch, inside)
-        except (SimulatedCrash, InjectedFault):
-            if fault is Fault.NONE:
-                outcome = ""  # a crash inside the call: recorded where it happened
-            raise
-        except Exception as error:
-            outcome = f"raised {type(error).__name__}"
-            raise
-        finally:
-            if outcome:
-                self._plan.trace.insert(at, TraceEvent(instance, where, epoch, outcome))
-
     async def begin_epoch(self, epoch: int) -> None:
         """``begin_epoch``, with its planned fault."""
         self._epoch = epoch
-        await self._faulty("begin_epoch", epoch, lambda: self.wrapped.begin_epoch(epoch))
+        await self._plan.call("begin_epoch", epoch, lambda: self.wrapped.begin_epoch(epoch))
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """``write_batch``, with its planned fault."""
@@ -318,20 +344,20 @@ class FaultySink(ForwardingSink):
         async def write() -> None:
             results.append(await self.wrapped.write_batch(batch))
 
-        await self._faulty("write_batch", self._epoch, write)
+        await self._plan.call("write_batch", self._epoch, write)
         return results[0]
 
     async def pre_commit(self, epoch: int) -> None:
         """``pre_commit``, with its planned fault."""
-        await self._faulty("pre_commit", epoch, lambda: self.wrapped.pre_commit(epoch))
+        await self._plan.call("pre_commit", epoch, lambda: self.wrapped.pre_commit(epoch))
 
     async def commit_epoch(self, epoch: int) -> None:
         """``commit_epoch``, with its planned fault."""
-        await self._faulty("commit_epoch", epoch, lambda: self.wrapped.commit_epoch(epoch))
+        await self._plan.call("commit_epoch", epoch, lambda: self.wrapped.commit_epoch(epoch))
 
     async def rollback_epoch(self, epoch: int) -> None:
         """``rollback_epoch``, with its planned fault."""
-        await self._faulty("rollback_epoch", epoch, lambda: self.wrapped.rollback_epoch(epoch))
+        await self._plan.call("rollback_epoch", epoch, lambda: self.wrapped.rollback_epoch(epoch))
 
     def as_distributed_commit(self) -> DistributedCommitSink | None:
         """The wrapped sink's distributed commit, with the planned faults, if it offers one."""

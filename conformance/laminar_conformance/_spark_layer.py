@@ -36,6 +36,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import parquet
 
+from laminar_conformance._faults import TraceEvent
 from laminar_conformance._figures import Figures
 from laminar_conformance._probe import source_traits
 from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_OPTION
@@ -51,6 +52,7 @@ from laminar_conformance._spark_pipeline import (
     run_in_child,
 )
 from laminar_conformance._suite import Target
+from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext, SourceTestContext
 from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP, ConnectorRole
 from laminar_sdk.reference import MemorySink
@@ -85,11 +87,23 @@ def describe_crash(point: CrashPoint) -> str:
 
 @dataclass(slots=True)
 class CaseResult:
-    """What one case did: the crashes that fired, the epochs committed, what went wrong."""
+    """What one case did: the crashes that fired, the epochs committed, what went wrong.
+
+    ``trace`` is its timeline: one row per run of the driver (``instance`` counts runs from
+    0), a box per micro-batch that run committed (Spark's commit log), and the kill.
+    """
 
     fired: list[str] = field(default_factory=list)
     epochs: int = 0
     problems: list[str] = field(default_factory=list)
+    trace: list[TraceEvent] = field(default_factory=list)
+
+    def ran(self, run: int, committed: Sequence[int], killed_at: CrashPoint | None) -> None:
+        """Add run ``run`` to the trace: the micro-batches it committed, then its kill."""
+        self.trace += [TraceEvent(run, "micro-batch", batch, "ok") for batch in committed]
+        if killed_at is not None:
+            what = f"killed: {killed_at.step.value}"
+            self.trace.append(TraceEvent(run, what, killed_at.epoch, f"crash: {killed_at}"))
 
 
 class SparkLayer:
@@ -175,12 +189,17 @@ class SparkLayer:
         seed = "derandomized" if self.target.seed is None else str(self.target.seed)
         crashes = ", ".join(describe_crash(point) for point in schedule)
         fired = ", ".join(result.fired) or "none"
+        timeline = Timeline(tuple(result.trace), tuple(result.problems), rows="run")
+        self.figures.timeline = timeline.to_json()
         raise AssertionError(
             f"on Spark, {self.target.role} {self.target.connector!r} in the pipeline "
             f"{case.pipeline.source} -> {case.pipeline.sink} ({case.pipeline.delivery}, "
             f"{len(case.ids)} ids in micro-batches of {IDS_PER_EPOCH}), crash schedule "
-            f"[{crashes}] (fired: {fired}), seed {seed}: " + "; ".join(result.problems) + "\n"
-            f"The runs' logs and the pipeline are kept in {directory}\n"
+            f"[{crashes}] (fired: {fired}), seed {seed}: "
+            + "; ".join(result.problems)
+            + "\n"
+            + timeline.text()
+            + f"\nThe runs' logs and the pipeline are kept in {directory}\n"
             f"Replay this schedule: {self.target.replay_command()} --spark-crashes "
             + ",".join(map(str, schedule))
         )
@@ -190,6 +209,7 @@ class SparkLayer:
         finished = False
         for number, point in enumerate(schedule, start=1):
             self._progress(f"Spark run {number}, to be killed at {describe_crash(point)}")
+            committed = case.pipeline.spark_batches("commits")
             with _arriving(case) as arrived:
                 run = run_in_child(
                     case.pipeline,
@@ -200,6 +220,8 @@ class SparkLayer:
                 )
             if arrived:
                 self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
+            newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
+            result.ran(number - 1, newly, point if run.crashed else None)
             if run.crashed:
                 result.fired.append(str(point))
                 if case.arrive is not None:
@@ -215,9 +237,12 @@ class SparkLayer:
             break
         if not finished:
             self._progress(f"Spark run {len(schedule) + 1}, to the end")
+            committed = case.pipeline.spark_batches("commits")
             last = run_in_child(
                 case.pipeline, case.directory, "run-last", python_path=self._python_path
             )
+            newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
+            result.ran(len(schedule), newly, None)
             if last.returncode != 0:
                 result.problems.append(_failed(last, "the last run (no crash)"))
                 return result

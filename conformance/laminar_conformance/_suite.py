@@ -107,7 +107,7 @@ class Target:
         return (
             f"conformance check {check} of {self.role} {self.connector!r} failed ({how}).\n"
             "Any falsifying example above is the minimal schedule of calls that fails.\n"
-            f"Replay: {self.replay_command()}\n"
+            f"Replay: {self.replay_command()} --check {check}\n"
             f"    or: {PROFILE_VARIABLE}={self.profile.name} pytest -k {check}{pytest_seed}"
         )
 

@@ -19,15 +19,21 @@ _BOX_WIDTH = 118
 _BOX_HEIGHT = 34
 _ROW_GAP = 18
 _LEFT = 96
+_ROWS = {"instance": "sink instance", "run": "run of the Spark driver"}
 _COLOURS = {"ok": "#d8ead3", "error": "#fde3b5", "crash": "#f4b6b6", "raised": "#f9d1a0"}
 
 
 @dataclass(frozen=True, slots=True)
 class Timeline:
-    """The events of a failing case, and what a reader saw at its end."""
+    """The events of a failing case, and what a reader saw at its end.
+
+    :param rows: what a row (an event's ``instance``) is: ``instance``, a sink instance (a
+        crash starts a new one), or ``run``, a run of a Spark driver (a kill ends it).
+    """
 
     events: tuple[TraceEvent, ...]
     problems: tuple[str, ...]
+    rows: str = "instance"
 
     def to_json(self) -> str:
         """This timeline as the JSON a report carries."""
@@ -35,6 +41,7 @@ class Timeline:
             {
                 "events": [[e.instance, e.what, e.epoch, e.outcome] for e in self.events],
                 "problems": list(self.problems),
+                "rows": self.rows,
             }
         )
 
@@ -43,11 +50,12 @@ class Timeline:
         """The timeline :meth:`to_json` wrote."""
         data = json.loads(text)
         events = tuple(TraceEvent(int(i), str(w), int(e), str(o)) for i, w, e, o in data["events"])
-        return cls(events, tuple(str(problem) for problem in data["problems"]))
+        problems = tuple(str(problem) for problem in data["problems"])
+        return cls(events, problems, str(data.get("rows", "instance")))
 
     def text(self) -> str:
-        """One line per sink instance: its calls in order, each with what happened there."""
-        lines = ["timeline (each line one sink instance; a crash ends it):"]
+        """One line per row: its calls in order, each with what happened there."""
+        lines = [f"timeline (each line one {_ROWS[self.rows]}; a crash ends it):"]
         for instance in sorted({event.instance for event in self.events}):
             calls = [
                 f"{event.what}({event.epoch})"
@@ -55,7 +63,7 @@ class Timeline:
                 for event in self.events
                 if event.instance == instance
             ]
-            lines.append(f"  instance {instance}: " + " -> ".join(calls))
+            lines.append(f"  {self.rows} {instance}: " + " -> ".join(calls))
         lines += [f"  then a reader saw: {problem}" for problem in self.problems]
         return "\n".join(lines)
 
@@ -76,15 +84,15 @@ class Timeline:
         ]
         for row, instance in enumerate(rows):
             y = 10 + row * (_BOX_HEIGHT + _ROW_GAP)
-            parts.append(f'<text x="4" y="{y + 21}">instance {instance}</text>')
+            parts.append(f'<text x="4" y="{y + 21}">{self.rows} {instance}</text>')
         for row, column, event in placed:
             x = _LEFT + column * (_BOX_WIDTH + 6)
             y = 10 + row * (_BOX_HEIGHT + _ROW_GAP)
             kind = _kind(event.outcome)
+            title = html.escape(_title(event, self.rows))
             parts.append(
                 f'<rect x="{x}" y="{y}" width="{_BOX_WIDTH}" height="{_BOX_HEIGHT}" rx="4" '
-                f'fill="{_COLOURS[kind]}" stroke="#555"><title>{html.escape(_title(event))}'
-                "</title></rect>"
+                f'fill="{_COLOURS[kind]}" stroke="#555"><title>{title}</title></rect>'
             )
             parts.append(
                 f'<text x="{x + 4}" y="{y + 14}">{html.escape(event.what[:17])}</text>'
@@ -109,5 +117,5 @@ def _kind(outcome: str) -> str:
     return "error"
 
 
-def _title(event: TraceEvent) -> str:
-    return f"instance {event.instance}: {event.what} of epoch {event.epoch}: {event.outcome}"
+def _title(event: TraceEvent, rows: str) -> str:
+    return f"{rows} {event.instance}: {event.what} of epoch {event.epoch}: {event.outcome}"

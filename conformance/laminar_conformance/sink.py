@@ -35,9 +35,8 @@ import itertools
 import tempfile
 from collections import Counter
 from collections.abc import Coroutine, Sequence
-from importlib import metadata
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 import pyarrow as pa
 import pytest
@@ -61,6 +60,7 @@ from laminar_conformance._faults import (
     every_fault_point,
 )
 from laminar_conformance._figures import Figures
+from laminar_conformance._kill import KILL_STEPS, checkpoint_store, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
@@ -74,6 +74,7 @@ from laminar_sdk import (
     EvolutionVerdict,
     HealthState,
     HealthStatus,
+    ProtocolStep,
     RetryPolicy,
     SchemaChangeKind,
     SchemaMismatch,
@@ -83,7 +84,6 @@ from laminar_sdk import (
     stage_task,
 )
 
-_CHECKPOINT_STORE = "file"
 _UNCHECKABLE = {
     "upsert": (
         "upsert is declared, but the contract names no key: the test context's batch(ids) "
@@ -504,14 +504,6 @@ class SinkEpochProtocolSuite(ConnectorSuite):
         session.run(scenario())
 
 
-def _checkpoint_store(directory: Path) -> Any:  # noqa: ANN401 - the SDK does not export Checkpointer
-    """A checkpoint store in ``directory``, found like any installed store."""
-    (entry_point,) = metadata.entry_points(
-        group="laminar_sdk.checkpointers", name=_CHECKPOINT_STORE
-    )
-    return entry_point.load()(str(directory), {})
-
-
 async def _run_through_faults(
     session: _Session, store_directory: Path, epochs: list[list[list[int]]], plan: FaultPlan
 ) -> int:
@@ -519,7 +511,7 @@ async def _run_through_faults(
 
     :returns: the number of restarts.
     """
-    store = _checkpoint_store(store_directory)
+    store = checkpoint_store(store_directory)
     # More attempts than planned faults: a retried call fails at most once per fault.
     policy = RetryPolicy(call_timeout_s=60.0, attempts=len(plan) + 2, backoff_s=0.0)
     restarts = 0
@@ -563,7 +555,7 @@ async def _run_staged_through_faults(
 
     :returns: the number of restarts.
     """
-    store = _checkpoint_store(store_directory)
+    store = checkpoint_store(store_directory)
     policy = RetryPolicy(call_timeout_s=60.0, attempts=len(plan) + 2, backoff_s=0.0)
     restarts, epoch, attempts = 0, 0, itertools.count()
     while epoch < len(epochs):
@@ -631,11 +623,14 @@ def _check_run(
     points: list[FaultPoint],
     *,
     staged: bool,
+    killed_at: FaultPoint | None = None,
 ) -> None:
     """Run epochs of ``sizes`` with faults at ``points``; check what a reader sees.
 
     :param staged: run them as a distributed-commit sink's (each batch a write task), held to
         exactly once; else through ``run_epoch``, held to what the sink declares.
+    :param killed_at: first run the epochs in a child process killed with SIGKILL there, then
+        recover and finish in this one (through ``run_epoch`` only).
     """
     session = _Session(target)
     if session.context.committed_ids() is None:
@@ -646,6 +641,21 @@ def _check_run(
     plan = FaultPlan(points)
     store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
     run = _run_staged_through_faults if staged else _run_through_faults
+    if killed_at is not None:
+        try:
+            kill_in_child(
+                connector=target.connector,
+                properties=dict(session.properties),
+                plugins=target.extra_plugins,
+                store=store,
+                epochs=[[session.context.batch(ids) for ids in batches] for batches in epochs],
+                point=killed_at,
+                plan=plan,
+            )
+        except AssertionError:
+            session.context.close()
+            raise
+        figures.restarts += 1
 
     async def scenario() -> tuple[int, Counter[int]]:
         restarts = await run(session, store, epochs, plan)
@@ -696,9 +706,14 @@ class SinkRecoverySuite(ConnectorSuite):
     role: ClassVar[ConnectorRole] = ConnectorRole.SINK
 
     def _check_run(
-        self, target: Target, figures: Figures, sizes: list[list[int]], points: list[FaultPoint]
+        self,
+        target: Target,
+        figures: Figures,
+        sizes: list[list[int]],
+        points: list[FaultPoint],
+        killed_at: FaultPoint | None = None,
     ) -> None:
-        _check_run(target, figures, sizes, points, staged=False)
+        _check_run(target, figures, sizes, points, staged=False, killed_at=killed_at)
 
     @pytest.mark.parametrize("point", every_fault_point(1), ids=str)
     @check
@@ -732,6 +747,24 @@ class SinkRecoverySuite(ConnectorSuite):
             self._check_run(
                 conformance, figures, sizes, [FaultPoint(where, Fault.CRASH_BEFORE, epoch)]
             )
+
+    @pytest.mark.parametrize("step", KILL_STEPS, ids=lambda step: step.value)
+    @check
+    def test_delivery_survives_a_real_kill_after_each_durable_call(
+        self, conformance: Target, figures: Figures, step: ProtocolStep
+    ) -> None:
+        """Three epochs in a child process killed with SIGKILL at ``step`` of epoch 1.
+
+        After ``pre_commit`` returned and the manifest decided the epoch (``commit``), and
+        after ``commit_epoch`` returned (``committed-manifest``, ``done``), the sink has
+        promised that what it wrote survives a crash. A real kill takes what the process
+        held in memory — rows in a file's buffer, a writer thread's queue — which the
+        in-process crashes do not: then a new instance recovers, in the kit's process, and
+        the run goes on.
+        """
+        self._check_run(
+            conformance, figures, [[2, 1], [2, 1], [3]], [], FaultPoint(step, Fault.KILL, 1)
+        )
 
     @check
     def test_delivery_survives_any_faults(self, conformance: Target, figures: Figures) -> None:

@@ -1,14 +1,16 @@
-"""A third-party plugin as an outside author writes it: a queue source and a SQLite sink.
+"""A third-party plugin as an outside author writes it: a queue source, SQLite and file sinks.
 
 The queue is a directory of JSON-lines files, ``p0.jsonl`` to ``p2.jsonl``, one per partition,
 appended to by producers. ``outsider-queue`` reads it correctly; each ``outsider-*`` variant
 has one bug an author plausibly writes (``outsider-queue-blind-context`` has it in its test
 context, which fills one partition only). ``outsider-sqlite`` is an exactly-once SQLite sink
 that publishes an epoch's rows and records the epoch in one transaction;
-``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch``, unmarked. The
-source's test context is written as an author writes one after reading only the protocol: it
-does not declare ``partitions`` or ``live_appends`` — the kit has to find out. Used with
-``--plugin outsider``; it imports nothing from the kit.
+``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch``, unmarked.
+``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
+``outsider-jsonl-buffered-pre-commit`` returns from ``pre_commit`` with the rows still in the
+file's buffer. The source's test context is written as an author writes one after reading
+only the protocol: it does not declare ``partitions`` or ``live_appends`` — the kit has to find
+out. Used with ``--plugin outsider``; it imports nothing from the kit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TextIO
 
 import pyarrow as pa
 
@@ -274,9 +277,108 @@ class SqliteSinkMarkerApart(SqliteSink):
         db.commit()
 
 
-SINKS: dict[str, type[SqliteSink]] = {
+# Sinks: JSON-lines files, exactly-once by renaming a staged file ----------------------------
+
+
+class JsonLinesSink(SinkConnector):
+    """Stages an epoch in ``staging/N.jsonl``; publishes it by renaming it to ``out/N.jsonl``."""
+
+    def __init__(self) -> None:
+        self.directory = Path()
+        self.file: TextIO | None = None
+
+    async def open(self, config: ConnectorConfig) -> None:
+        path = config.properties.get("path")
+        if not path:
+            raise ConfigurationError("jsonl sink: set `path` to a directory", key="path")
+        self.directory = Path(path)
+        (self.directory / "staging").mkdir(parents=True, exist_ok=True)
+        (self.directory / "out").mkdir(exist_ok=True)
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
+
+    def staged(self, epoch: int) -> Path:
+        return self.directory / "staging" / f"{epoch}.jsonl"
+
+    def published(self, epoch: int) -> Path:
+        return self.directory / "out" / f"{epoch}.jsonl"
+
+    async def begin_epoch(self, epoch: int) -> None:
+        self.discard()
+        self.file = self.staged(epoch).open("w", encoding="utf-8")
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        if not batch.schema.equals(SCHEMA):
+            raise SchemaMismatch(f"expected {SCHEMA}, got {batch.schema}")
+        if self.file is None:
+            raise InvalidState("begin_epoch()", "no epoch is open")
+        self.file.writelines(json.dumps({"id": i}) + "\n" for i in batch.column("id").to_pylist())
+        return WriteResult(batch.num_rows, batch.nbytes)
+
+    async def pre_commit(self, epoch: int) -> None:
+        if self.file is not None:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.discard()
+
+    async def commit_epoch(self, epoch: int) -> None:
+        self.discard()
+        if self.published(epoch).exists():  # delivered again after a restart
+            self.staged(epoch).unlink(missing_ok=True)
+            return
+        os.replace(self.staged(epoch), self.published(epoch))
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        self.discard()
+        self.staged(epoch).unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    async def close(self) -> None:
+        self.discard()
+
+
+class JsonLinesSinkBufferedPreCommit(JsonLinesSink):
+    """Leaves the staged rows in the file's buffer at ``pre_commit``: they reach the disk when
+    ``commit_epoch`` closes the file, so a process killed in between loses them."""
+
+    async def pre_commit(self, epoch: int) -> None:
+        pass
+
+
+class JsonLinesContext:
+    """A fresh directory in ``workdir``; what a reader of its published files sees."""
+
+    def __init__(self, connector: str, workdir: Path) -> None:
+        self.connector = connector
+        self.directory = workdir / "jsonl"
+
+    def config(self) -> ConnectorConfig:
+        return ConnectorConfig(self.connector, {"path": str(self.directory)})
+
+    def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
+        return pa.record_batch([pa.array(list(ids), pa.int64())], schema=SCHEMA)
+
+    def committed_ids(self) -> list[int]:
+        files = sorted((self.directory / "out").glob("*.jsonl"))
+        return [json.loads(line)["id"] for file in files for line in _lines(file)]
+
+    def close(self) -> None:
+        pass
+
+
+SINKS: dict[str, type[SqliteSink] | type[JsonLinesSink]] = {
     "outsider-sqlite": SqliteSink,
     "outsider-sqlite-marker-apart": SqliteSinkMarkerApart,
+    "outsider-jsonl": JsonLinesSink,
+    "outsider-jsonl-buffered-pre-commit": JsonLinesSinkBufferedPreCommit,
 }
 
 
@@ -321,7 +423,9 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 @hookimpl
 def laminar_conformance_context(
     connector: str, role: str, workdir: Path
-) -> QueueContext | SqliteContext | None:
+) -> QueueContext | SqliteContext | JsonLinesContext | None:
+    if role == "sink" and connector.startswith("outsider-jsonl"):
+        return JsonLinesContext(connector, workdir)
     if role == "sink" and connector in SINKS:
         return SqliteContext(connector, workdir)
     if role != "source" or connector not in SOURCES:

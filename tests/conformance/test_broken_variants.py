@@ -2,18 +2,20 @@
 
 Every variant in ``broken.py`` runs through ``python -m laminar_conformance run`` (the command
 ``laminar conformance run`` wraps) with a fixed seed, as a plugin author's CI would run it, with
-the in-process layer only (``--no-spark``: the variants' bugs are in-process bugs): the run must
-fail, and its report must name the check that caught the bug. The correct connectors' runs
-must pass, having run the checks of what they offer rather than skipped them.
+the in-process layer only (``--no-spark``: the variants' bugs are in-process bugs), limited with
+``--check`` to the checks expected to catch it: the run must fail, and its report must name the
+check that caught the bug. The correct connectors' runs run every check and must pass, having
+run the checks of what they offer rather than skipped them.
 
-The ``outsider-*`` sources (``outsider.py``) are a third-party plugin written as an outside
-author would, with a test context that declares nothing (no ``partitions``, no
-``live_appends``): the kit must find their partitions and live appends by probing, and catch
-each bug with the quick profile; the correct one passes three runs in a row, seeds 1 to 3.
+The ``outsider-*`` connectors (``outsider.py``) are a third-party plugin written as an outside
+author would, with test contexts that declare nothing (no ``partitions``, no ``live_appends``):
+the kit must find the source's partitions and live appends by probing, and catch each bug with
+the quick profile; the correct source and sinks pass three runs in a row, seeds 1 to 3.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -107,8 +109,19 @@ OUTSIDER_VARIANTS = [
         "sink",
         "test_delivery_survives_a_crash_at_each_point_inside_a_call",
     ),
+    (
+        "outsider-jsonl-buffered-pre-commit",
+        "sink",
+        "test_delivery_survives_a_real_kill_after_each_durable_call",
+    ),
 ]
 OUTSIDER_SEEDS = ("1", "2", "3")
+# The correct outsider connectors: each must pass three runs in a row (seeds 1 to 3).
+OUTSIDER_CORRECT = [
+    ("outsider-queue", "source"),
+    ("outsider-sqlite", "sink"),
+    ("outsider-jsonl", "sink"),
+]
 # The state machine of the distributed commit must catch each distributed-commit bug too.
 MACHINE_CATCHES = [
     "broken-publishes-every-attempt",
@@ -134,10 +147,18 @@ CORRECT = {
 
 
 def conformance_run(
-    connector: str, role: str, report: Path, plugin: str = "broken", seed: str = "1"
+    connector: str,
+    role: str,
+    report: Path,
+    *,
+    plugin: str = "broken",
+    seed: str = "1",
+    checks: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
     command += ["--plugin", plugin, "--seed", seed, "--no-spark", "--report", str(report)]
+    for check in checks:
+        command += ["--check", check]
     command += ["--html", str(report.with_suffix(".html"))]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     return subprocess.run(
@@ -147,25 +168,31 @@ def conformance_run(
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Every run, started at once on a pool as wide as the machine (each is one process)."""
+    """Every run, started at once on a pool as wide as the machine (each is one process).
+
+    A broken variant's run is the quick profile with its default context, limited with
+    ``--check`` to the checks the tests below expect to catch it (the checks are independent,
+    and each runs the cases it would run in a whole run); a correct connector's run is whole.
+    """
     directory = tmp_path_factory.mktemp("broken")
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         started: dict[str, Future] = {}
-        for connector, role in [(v[0], v[1]) for v in VARIANTS] + list(CORRECT):
-            report = directory / f"{connector}.md"
-            started[connector] = pool.submit(conformance_run, connector, role, report)
-        for connector, role, _ in OUTSIDER_VARIANTS:
-            report = directory / f"{connector}.md"
-            started[connector] = pool.submit(conformance_run, connector, role, report, "outsider")
-        report = directory / "outsider-sqlite.md"
-        started["outsider-sqlite"] = pool.submit(
-            conformance_run, "outsider-sqlite", "sink", report, "outsider"
-        )
-        for seed in OUTSIDER_SEEDS:
-            report = directory / f"outsider-queue-{seed}.md"
-            started[f"outsider-queue-{seed}"] = pool.submit(
-                conformance_run, "outsider-queue", "source", report, "outsider", seed
-            )
+
+        def start(run: str, connector: str, role: str, **options) -> None:
+            report = directory / f"{run}.md"
+            started[run] = pool.submit(conformance_run, connector, role, report, **options)
+
+        for connector, role, catching in VARIANTS:
+            checks = [catching]
+            if connector in MACHINE_CATCHES:
+                checks.append("test_distributed_commit_state_machine")
+            start(connector, connector, role, checks=tuple(checks))
+        for connector, role in CORRECT:
+            start(connector, connector, role)
+        for connector, role, catching in OUTSIDER_VARIANTS:
+            start(connector, connector, role, plugin="outsider", checks=(catching,))
+        for (connector, role), seed in itertools.product(OUTSIDER_CORRECT, OUTSIDER_SEEDS):
+            start(f"{connector}-{seed}", connector, role, plugin="outsider", seed=seed)
         yield {run: (future.result(), directory / f"{run}.md") for run, future in started.items()}
 
 
@@ -192,6 +219,30 @@ def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_chec
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", OUTSIDER_SEEDS)
+@pytest.mark.parametrize("connector", ["outsider-sqlite", "outsider-jsonl"])
+def test_the_correct_outsider_sinks_pass_every_check_including_real_kills(runs, connector, seed):
+    text = passing_report(runs, f"{connector}-{seed}")
+    for step in ("commit", "committed-manifest", "done"):
+        check = f"test_delivery_survives_a_real_kill_after_each_durable_call[{step}]"
+        assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
+
+
+@pytest.mark.slow
+def test_a_sink_whose_pre_commit_leaves_rows_in_a_buffer_loses_them_to_a_real_kill(runs):
+    text = runs["outsider-jsonl-buffered-pre-commit"][1].read_text()
+    assert (
+        "3 epochs through the coordinator with faults [kill -9 at step commit of epoch 1]: not "
+        "delivered exactly once: lost ids [3, 4, 5] (epochs [1])"
+    ) in text
+    # The killed process's calls are on the timeline: it died after pre_commit of epoch 1,
+    # and a new instance committed what it had staged.
+    page = runs["outsider-jsonl-buffered-pre-commit"][1].with_suffix(".html").read_text()
+    assert "<title>instance 0: step commit of epoch 1: crash: kill -9</title>" in page
+    assert "<title>instance 1: commit_epoch of epoch 1: ok</title>" in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", OUTSIDER_SEEDS)
 def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appends(runs, seed):
     text = passing_report(runs, f"outsider-queue-{seed}")
     probed = next(line for line in text.splitlines() if line.startswith("- Probed:"))
@@ -207,7 +258,7 @@ def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appe
 
 @pytest.mark.slow
 def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(runs):
-    text = passing_report(runs, "outsider-sqlite")
+    text = passing_report(runs, "outsider-sqlite-1")
     check = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
     row = next(line for line in text.splitlines() if line.startswith(f"| {check} "))
     assert "| passed |" in row

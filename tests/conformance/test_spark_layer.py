@@ -130,6 +130,11 @@ def test_a_sink_whose_commit_record_lives_in_memory_is_caught(tmp_path, install_
     assert "1 failed, 1 passed" in output, output[-5000:]
     assert "FAILED test_on_spark.py::TestBroken::" in output
     assert "crash schedule [commit:1 (crash point 5)] (fired: commit:1), seed 1: lost ids" in output
+    # The case's timeline: the first driver committed micro-batch 0 and was killed in 1; the
+    # second ran on from micro-batch 1.
+    assert "timeline (each line one run of the Spark driver; a crash ends it):" in output
+    assert "run 0: micro-batch(0) -> killed: commit(1) [crash: commit:1]" in output
+    assert "run 1: micro-batch(1) -> micro-batch(2)" in output
     replay = "laminar conformance run one-instance-commit-state-in-memory --role sink --seed 1"
     assert f"Replay this schedule: {replay} --spark-crashes commit:1" in output
 

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from laminar_conformance._faults import TraceEvent
+import asyncio
+
+import pytest
+from broken import StagingSink, _ids_batch
+from laminar_conformance._faults import (
+    Fault,
+    FaultPlan,
+    FaultPoint,
+    FaultySink,
+    InjectedFault,
+    TraceEvent,
+)
 from laminar_conformance._timeline import Timeline
+
+from laminar_sdk import ConnectorConfig
 
 EVENTS = (
     TraceEvent(0, "begin_epoch", 1, "ok"),
@@ -35,3 +48,27 @@ def test_the_picture_has_a_box_per_call_coloured_by_outcome_and_the_problems():
     assert svg.count('fill="#d8ead3"') == 2, "two calls that went through"
     assert ">instance 1</text>" in svg
     assert 'fill="#a00">duplicated ids [3] (epochs [1])</text>' in svg
+
+
+def test_a_distributed_commit_s_calls_are_on_the_timeline(tmp_path):
+    """The staged path draws its ``stage`` and ``commit_aggregated`` calls, faults included."""
+
+    async def batches():
+        yield _ids_batch([1, 2])
+
+    async def scenario(plan: FaultPlan) -> None:
+        sink = StagingSink()
+        await sink.open(ConnectorConfig("staging-sink", {"path": str(tmp_path)}))
+        staging = FaultySink(sink, plan).as_distributed_commit()
+        with pytest.raises(InjectedFault):
+            await staging.stage(0, "task-0", batches())
+        descriptor = await staging.stage(0, "task-0.attempt-1", batches())
+        await staging.commit_aggregated(0, [descriptor])
+
+    plan = FaultPlan([FaultPoint("stage", Fault.ERROR_BEFORE, 0)])
+    asyncio.run(scenario(plan))
+    assert plan.trace == [
+        TraceEvent(0, "stage", 0, "error-before"),
+        TraceEvent(0, "stage", 0, "ok"),
+        TraceEvent(0, "commit_aggregated", 0, "ok"),
+    ]
