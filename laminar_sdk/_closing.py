@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Collection
 from typing import Any
 
-from laminar_sdk._errors import Closed
+from laminar_sdk._errors import Closed, PluginError
 
 _CLOSED = "_laminar_closed"
 _GUARD = "__laminar_closed_guard__"
@@ -82,6 +82,30 @@ def guard_calls_after_close(cls: type, guarded: Collection[str]) -> None:
             or getattr(method, "__isabstractmethod__", False)
         ):
             continue
-        if name == "close" and not inspect.iscoroutinefunction(method):
-            continue  # not the contract's close(): the runtime's own checks will say so
         setattr(cls, name, _closing(method) if name == "close" else _guarded(name, method))
+
+
+def require_the_contracts_kinds(cls: type, contract: type) -> None:
+    """Refuse ``cls`` when it overrides a coroutine of ``contract`` with a plain method, or back.
+
+    The runtime awaits the contract's coroutines and calls its plain methods: a ``def close``
+    would return ``None`` where an awaitable is due, an ``async def schema`` a coroutine where
+    a schema is — failures far from their cause. Checked when the class is defined.
+
+    :raises PluginError: naming the class, the method and how to declare it.
+    """
+    for name, method in vars(cls).items():
+        expected = getattr(contract, name, None)
+        if name.startswith("_") or not callable(expected) or not callable(method):
+            continue
+        wants_coroutine = inspect.iscoroutinefunction(expected)
+        if inspect.iscoroutinefunction(method) != wants_coroutine:
+            declare = (
+                f"`async def {name}(...)`: the runtime awaits it"
+                if wants_coroutine
+                else f"`def {name}(...)`, not `async def`: the runtime calls it without await"
+            )
+            raise PluginError(
+                f"{cls.__module__}.{cls.__qualname__}.{name} does not match "
+                f"{contract.__name__}.{name}: declare it {declare}"
+            )

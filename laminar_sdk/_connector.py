@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 import pyarrow as pa
 
 from laminar_sdk._checkpoint import SourceCheckpoint
-from laminar_sdk._closing import guard_calls_after_close
+from laminar_sdk._closing import guard_calls_after_close, require_the_contracts_kinds
 from laminar_sdk._config import ConnectorConfig
 from laminar_sdk._parallel import DistributedCommitSink, RangeReadableSource
 from laminar_sdk._schema import (
@@ -42,11 +42,14 @@ class SourceConnector(ABC):
 
     After :meth:`close`, :meth:`open`, :meth:`poll_batch`, :meth:`checkpoint` and
     :meth:`restore` raise :class:`Closed`, and a second :meth:`close` does nothing: this base
-    class enforces both for every subclass, so a source needs no check of its own.
+    class enforces both for every subclass, so a source needs no check of its own. A subclass
+    overrides a coroutine (``async def``) of the contract with a coroutine, and a plain method
+    with a plain one: defining the class raises :class:`PluginError` otherwise.
     """
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
+        require_the_contracts_kinds(cls, SourceConnector)
         guard_calls_after_close(cls, ("open", "poll_batch", "checkpoint", "restore"))
 
     @abstractmethod
@@ -171,6 +174,7 @@ class SinkConnector(ABC):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
+        require_the_contracts_kinds(cls, SinkConnector)
         guard_calls_after_close(cls, _SINK_CALLS)
 
     @abstractmethod

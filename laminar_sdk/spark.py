@@ -11,10 +11,19 @@ the SDK does. Spark finds the data source by itself, through the top-level modul
 Options named ``laminar.*`` belong to the SDK (:data:`SDK_OPTIONS` lists them with their
 defaults); every other option is the connector's configuration. :func:`build_session` builds a
 session whose Python workers run the current interpreter.
+
+What the bridge demands of a connector's batches is public too, for test kits to check before
+anything runs on Spark: :func:`spark_round_trip_schema` (the types a schema has after crossing
+Spark), :func:`schema_differences` and :func:`conform_source_batch`.
 """
 
 from __future__ import annotations
 
+from laminar_sdk._spark.arrow import (
+    conform_source_batch,
+    schema_differences,
+    spark_round_trip_schema,
+)
 from laminar_sdk._spark.datasource import FORMAT_NAME, LaminarDataSource
 from laminar_sdk._spark.faults import (
     CRASH_AT_VARIABLE,
@@ -38,5 +47,8 @@ __all__ = [
     "LaminarDataSource",
     "SdkOption",
     "build_session",
+    "conform_source_batch",
     "parse_options",
+    "schema_differences",
+    "spark_round_trip_schema",
 ]

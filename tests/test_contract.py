@@ -378,3 +378,17 @@ def test_close_may_still_flush_and_is_marked_closed_even_when_it_fails(run):
     assert sink.flushed == 1, "close() itself may call the protocol"
     with pytest.raises(laminar_sdk.Closed):
         run(sink.flush())
+
+
+def test_a_plain_method_where_the_contract_awaits_is_refused_when_the_class_is_defined():
+    with pytest.raises(laminar_sdk.PluginError, match=r"close\(\.\.\.\)`: the runtime awaits"):
+
+        class PlainClose(laminar_sdk.SinkConnector):
+            def close(self):
+                pass
+
+    with pytest.raises(laminar_sdk.PluginError, match=r"`def checkpoint\(\.\.\.\)`, not `async"):
+
+        class AsyncCheckpoint(laminar_sdk.SourceConnector):
+            async def checkpoint(self):
+                pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,44 @@ class ConfigurationSuite(ConnectorSuite):
                     f"config key {key.name!r} is {key.value_type.__name__}, given {value!r}",
                 )
             )
+
+    @check
+    def test_the_configuration_reaches_the_connector_through_spark_options(
+        self, conformance: Target, figures: Figures, tmp_path: Path
+    ) -> None:
+        """The test context's configuration, given as Spark options, reaches the connector whole.
+
+        Spark's options are case-insensitive: their keys arrive lower-cased, and the bridge
+        gives declared keys their declared case back. A pass-through key (under one of the
+        connector's ``config_prefixes``) keeps Spark's lower case, and a key the bridge keeps
+        for itself (``connector``, ``checkpointLocation``, ``laminar.*``) never arrives.
+        """
+        from laminar_conformance._runtime_checks import spark_bridge  # noqa: PLC0415
+
+        figures.cases += 1
+        bridge = spark_bridge()
+        properties = _properties(conformance)
+        options = {key.lower(): value for key, value in properties.items()}
+        options.update(connector=conformance.connector, checkpointlocation=str(tmp_path))
+        try:
+            parsed = bridge.parse_options(options, conformance.role, conformance.plugins.registry)
+        except ConfigurationError as error:
+            pytest.fail(
+                f"the test context's configuration {sorted(properties)}, given to Spark as "
+                f"options, is refused by the bridge: {error}"
+            )
+        arrived = parsed.properties
+        problems = [
+            f"{key!r} reaches it as {key.lower()!r}"
+            if key.lower() in arrived and key not in arrived
+            else f"{key!r} never reaches it"
+            for key in properties
+            if arrived.get(key) != properties[key]
+        ]
+        assert not problems, (
+            f"on Spark, the {conformance.role}'s configuration does not arrive as given: "
+            f"{'; '.join(problems)}. Spark's option keys are case-insensitive and arrive "
+            "lower-cased: declare each key the connector reads (declared keys keep their "
+            "case), or read keys under config_prefixes in lower case; keys named connector, "
+            "checkpointLocation or laminar.* belong to the bridge"
+        )

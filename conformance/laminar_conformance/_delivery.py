@@ -6,8 +6,33 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from laminar_sdk import PartitionInfo
+
+T = TypeVar("T")
+
+CALL_TIMEOUT_S = 30.0
+"""How long a source call may take (beyond a context's ``poll_timeout_s``) before it fails."""
+
+
+async def answered(call: Awaitable[T], what: str, timeout_s: float = CALL_TIMEOUT_S) -> T:
+    """``await call``, failing when it does not return within ``timeout_s``.
+
+    A call that waits for data instead of returning hangs Spark's planning on every
+    micro-batch (and the kit with it, without this bound).
+
+    :param what: the call, as the message names it (``poll_batch(7)``).
+    :raises AssertionError: naming ``what`` and what to do.
+    """
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        raise AssertionError(
+            f"{what} did not return within {timeout_s:.0f} s: a source call returns what is "
+            "there now (poll_batch: None when nothing is) and never waits for data to arrive; "
+            "on Spark, the planning of every micro-batch waits for it"
+        ) from None
 
 
 def read_enough(received: int, expected: int) -> bool:

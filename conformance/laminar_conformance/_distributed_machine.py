@@ -110,6 +110,7 @@ class DistributedCommitMachine(RuleBasedStateMachine):
         self._figures = figures
         self._context = target.sink_context()
         self._properties = self._context.config().properties
+        self._state = target.new_state_store()
         self._runner = asyncio.Runner()
         self._ledger = Ledger(commit_call="commit_aggregated")
         self._run = 0
@@ -119,7 +120,7 @@ class DistributedCommitMachine(RuleBasedStateMachine):
         self._staged: dict[str, tuple[Attempt, str]] = {}
         """The open epoch's attempts that returned a descriptor, with it, by task."""
         self._descriptors: dict[int, list[str]] = {}
-        self._driver = self._runner.run(open_sink(target, self._properties))
+        self._driver = self._runner.run(open_sink(target, self._properties, self._state))
         self._runner.run(self._driver.rollback_epoch(self._ledger.next_epoch))
 
     def teardown(self) -> None:
@@ -247,7 +248,7 @@ class DistributedCommitMachine(RuleBasedStateMachine):
         descriptors: list[str] = []
 
         async def call() -> None:
-            sink = await open_sink(self._target, self._properties)
+            sink = await open_sink(self._target, self._properties, self._state)
             stream = TaskBatches(batches, inside, attempt.epoch)
             try:
                 staging = distributed(sink, "an instance opened in a write task")
@@ -278,7 +279,7 @@ class DistributedCommitMachine(RuleBasedStateMachine):
                 epoch, descriptors
             )
             return
-        sink = await open_sink(self._target, self._properties)
+        sink = await open_sink(self._target, self._properties, self._state)
         await distributed(sink, "a new instance").commit_aggregated(epoch, descriptors)
         await sink.close()
 
@@ -315,7 +316,7 @@ class DistributedCommitMachine(RuleBasedStateMachine):
             self._runner.run(self._driver.close())
         self._run += 1
         self._figures.restarts += 1
-        self._driver = self._runner.run(open_sink(self._target, self._properties))
+        self._driver = self._runner.run(open_sink(self._target, self._properties, self._state))
         if recommit is not None:
             self._runner.run(self._commit(*recommit, on_driver=True))
             return

@@ -27,17 +27,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
 import pyarrow as pa
 
 from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, FaultySink, TraceEvent
+from laminar_conformance._stores import checkpoint_store, state_store
 from laminar_sdk import EpochCoordinator, ProtocolStep, RetryPolicy
-
-CHECKPOINT_STORE = "file"
-"""The checkpoint store the kit's runs through the coordinator use."""
 
 KILL_STEPS = (ProtocolStep.COMMIT, ProtocolStep.COMMITTED_MANIFEST, ProtocolStep.DONE)
 """Where the kit kills: after ``pre_commit`` returned and the manifest decided the epoch, and
@@ -50,18 +47,13 @@ _NOT_REACHED = 3
 """The child's exit status when its epochs ended without reaching the kill."""
 
 
-def checkpoint_store(directory: Path) -> Any:  # noqa: ANN401 - the SDK does not export Checkpointer
-    """A checkpoint store in ``directory``, found like any installed store."""
-    (entry_point,) = metadata.entry_points(group="laminar_sdk.checkpointers", name=CHECKPOINT_STORE)
-    return entry_point.load()(str(directory), {})
-
-
 def kill_in_child(
     *,
     connector: str,
     properties: dict[str, str],
     plugins: Sequence[str],
     store: Path,
+    state: Path,
     epochs: Sequence[Sequence[pa.RecordBatch]],
     point: FaultPoint,
     plan: FaultPlan,
@@ -72,6 +64,8 @@ def kill_in_child(
     kill), and ``point`` to the faults it fired; the next instance the plan sees is 1.
 
     :param plugins: extra plugin modules, imported by name in the child.
+    :param store: the checkpoint store's directory.
+    :param state: the directory of the sink's state store.
     :raises AssertionError: when the child fails, or ends without reaching ``point``, saying
         what it printed.
     """
@@ -93,6 +87,7 @@ def kill_in_child(
                 "properties": properties,
                 "plugins": list(plugins),
                 "store": str(store),
+                "state": str(state),
                 "epochs": files,
                 "step": str(point.where.value if isinstance(point.where, ProtocolStep) else ""),
                 "epoch": point.epoch,
@@ -158,7 +153,10 @@ async def _run_child(spec: dict[str, Any]) -> None:
 
     point = FaultPoint(ProtocolStep(spec["step"]), Fault.KILL, int(spec["epoch"]))
     plan = FaultPlan([point], crash=kill)
-    opened, _ = await plugins.registry.open_sink(spec["connector"], spec["properties"])
+    state = state_store(Path(spec["state"]), "sink", spec["connector"])
+    opened, _ = await plugins.registry.open_sink(
+        spec["connector"], spec["properties"], state_store=state
+    )
     sink = FaultySink(opened, plan)
     policy = RetryPolicy(call_timeout_s=60.0, attempts=1, backoff_s=0.0)
     store = checkpoint_store(Path(spec["store"]))

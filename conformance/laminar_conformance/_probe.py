@@ -15,7 +15,7 @@ import asyncio
 import itertools
 from dataclasses import dataclass, field
 
-from laminar_conformance._delivery import Delivery, drain
+from laminar_conformance._delivery import CALL_TIMEOUT_S, Delivery, answered, drain
 from laminar_conformance._skips import STATED, skip, stated_reasons
 from laminar_conformance._suite import Target
 from laminar_conformance.contexts import SourceTestContext
@@ -63,7 +63,7 @@ async def _read(
     wait_s: float,
 ) -> None:
     async def poll() -> bool:
-        batch = await source.poll_batch(16)
+        batch = await answered(source.poll_batch(16), "poll_batch(16)", CALL_TIMEOUT_S + wait_s)
         if batch is None:
             return False
         reading.receive(context.ids(batch.records), batch.partition)
@@ -189,7 +189,7 @@ class _SourceProbe:
             appended, refused = self._append_first()
             properties = self._context.config().properties
             source, _ = await self._target.plugins.registry.open_source(
-                self._target.connector, properties
+                self._target.connector, properties, state_store=self._target.new_state_store()
             )
         except Exception as error:  # noqa: BLE001 - reported as the probe's problem
             self._problems.append(f"the probe could not open the source: {error!r}")

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from laminar_conformance._delivery import Delivery
+import pyarrow as pa
+
+from laminar_conformance._delivery import Delivery, answered
 from laminar_conformance._figures import Figures
 from laminar_conformance._source_system import SourceSystem, compare
 from laminar_sdk import PartitionRange, RangeReadableSource, SourceCheckpoint, SourceConnector
@@ -27,13 +30,37 @@ Ids = dict[str, list[int]]
 
 
 def range_readable(source: SourceConnector, instance: str) -> RangeReadableSource:
-    """``source.as_range_readable()``, which must not be ``None`` on ``instance``."""
+    """``source.as_range_readable()``, which must not be ``None`` on ``instance``.
+
+    Its calls fail when they do not return within
+    :data:`~laminar_conformance._delivery.CALL_TIMEOUT_S`.
+    """
     reader = source.as_range_readable()
     assert reader is not None, (
         f"as_range_readable() returned None on {instance}, though the source offers it: "
         "offer it on every opened instance"
     )
-    return reader
+    return _Answering(reader)
+
+
+class _Answering(RangeReadableSource):
+    """A range reader whose calls must return in time (see :func:`answered`)."""
+
+    def __init__(self, reader: RangeReadableSource) -> None:
+        self._reader = reader
+
+    async def plan_end(self, start: SourceCheckpoint, max_records: int | None) -> SourceCheckpoint:
+        return await answered(
+            self._reader.plan_end(start, max_records), f"plan_end({start!r}, {max_records})"
+        )
+
+    async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
+        batches = aiter(self._reader.read_range(partition_range))
+        while True:
+            try:
+                yield await answered(anext(batches), f"read_range({partition_range})")
+            except StopAsyncIteration:
+                return
 
 
 def moved_ranges(start: SourceCheckpoint, end: SourceCheckpoint) -> list[PartitionRange]:
@@ -360,4 +387,33 @@ async def plan_then_append(system: SourceSystem, figures: Figures) -> None:
         more_first,
         None,
         f"reading the ranges of the records appended after {end!r}",
+    )
+
+
+async def plan_on_an_instance_kept_open(system: SourceSystem, figures: Figures) -> None:
+    """Plan twice on an instance that is never polled, records appended in between.
+
+    That is how Spark plans a range-readable source: one instance, opened when the query
+    starts and kept open, plans every micro-batch and never polls. Its second plan must end
+    where polling a new instance ends, the new records included.
+    """
+    planner = await system.open()
+    reader = range_readable(planner, "an instance kept open to plan")
+    start = planner.checkpoint()
+    first = await reader.plan_end(_travelled(start), None)
+    system.append([3] * system.partitions)
+    end = await reader.plan_end(_travelled(first), None)
+    fresh = await system.open()
+    delivery = Delivery()
+    await system.drain(fresh, delivery, system.appended.total())
+    final = fresh.checkpoint()
+    await fresh.close()
+    await planner.close()
+    figures.epochs += 2
+    assert dict(end.offsets) == dict(final.offsets), (
+        f"an instance opened before records were appended, and never polled, planned up to "
+        f"{dict(end.offsets)}; polling a new instance ends at {dict(final.offsets)}. Spark plans "
+        "every micro-batch of a range-readable source on one instance it keeps open for the "
+        "whole query and never polls: plan_end must look at the external system, not at what "
+        "poll_batch last saw"
     )

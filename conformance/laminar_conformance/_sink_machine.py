@@ -22,7 +22,7 @@ from laminar_conformance._faults import Fault, InjectedFault, inject
 from laminar_conformance._figures import Figures
 from laminar_conformance._ledger import Attempt, AttemptStatus, Ledger
 from laminar_conformance._suite import Target
-from laminar_sdk import SimulatedCrash, SinkConnector
+from laminar_sdk import SimulatedCrash, SinkConnector, StateStore
 
 FAULTS = st.sampled_from(
     [Fault.NONE] * 8
@@ -38,9 +38,16 @@ class _Outcome(enum.Enum):
     CRASH = "crash"
 
 
-async def open_sink(target: Target, properties: dict[str, str]) -> SinkConnector:
-    """A new instance of the sink under test, opened through the registry."""
-    sink, _ = await target.plugins.registry.open_sink(target.connector, properties)
+async def open_sink(
+    target: Target, properties: dict[str, str], state_store: StateStore
+) -> SinkConnector:
+    """A new instance of the sink under test, opened through the registry.
+
+    :param state_store: the destination's state store, as the Spark bridge gives one.
+    """
+    sink, _ = await target.plugins.registry.open_sink(
+        target.connector, properties, state_store=state_store
+    )
     return sink
 
 
@@ -58,12 +65,13 @@ class SinkProtocolMachine(RuleBasedStateMachine):
         self._figures = figures
         self._context = target.sink_context()
         self._properties = self._context.config().properties
+        self._state = target.new_state_store()
         self._runner = asyncio.Runner()
         self._ledger = Ledger()
         self._attempt: Attempt | None = None
         self._records_total = 0
         self._commits_since_restart = 0
-        self._sink = self._runner.run(open_sink(target, self._properties))
+        self._sink = self._runner.run(open_sink(target, self._properties, self._state))
         self._capabilities = self._sink.capabilities()
         self._runner.run(self._sink.rollback_epoch(self._ledger.next_epoch))
 
@@ -233,7 +241,7 @@ class SinkProtocolMachine(RuleBasedStateMachine):
     def _restart(self, *, clean: bool) -> None:
         if clean:
             self._runner.run(self._sink.close())
-        self._sink = self._runner.run(open_sink(self._target, self._properties))
+        self._sink = self._runner.run(open_sink(self._target, self._properties, self._state))
         self._records_total = 0
         self._commits_since_restart = 0
         self._figures.restarts += 1

@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TypeVar
 
 import pyarrow as pa
 from hypothesis import strategies as st
 
-from laminar_conformance._delivery import Delivery, drain
+from laminar_conformance._delivery import CALL_TIMEOUT_S, Delivery, answered, drain
 from laminar_conformance._probe import SourceTraits, source_traits
 from laminar_conformance._suite import Target
 from laminar_conformance.contexts import SourceTestContext
-from laminar_sdk import SourceCheckpoint, SourceConnector
+from laminar_sdk import SourceBatch, SourceCheckpoint, SourceConnector
 
 T = TypeVar("T")
 
@@ -39,6 +39,7 @@ class SourceSystem:
         self.live_appends = self.traits.live_appends
         self.idle_timeout_s = float(getattr(self.context, "poll_timeout_s", 0.0))
         self.appended: Counter[int] = Counter()
+        self.state = target.new_state_store()
         self._next_id = itertools.count()
 
     def append(self, counts: list[int]) -> None:
@@ -58,7 +59,7 @@ class SourceSystem:
     async def open(self, checkpoint: SourceCheckpoint | None = None) -> SourceConnector:
         """A new instance, opened, and restored from ``checkpoint`` (via its JSON) if given."""
         source, _ = await self.target.plugins.registry.open_source(
-            self.target.connector, self.context.config().properties
+            self.target.connector, self.context.config().properties, state_store=self.state
         )
         if checkpoint is not None:
             await source.restore(SourceCheckpoint.from_json(checkpoint.to_json()))
@@ -73,6 +74,10 @@ class SourceSystem:
 
     def ids(self, source: SourceConnector, batch: pa.RecordBatch, call: str) -> list[int]:
         """The ids of ``batch``, which ``call`` returned, after checking it is in the schema."""
+        assert isinstance(batch, pa.RecordBatch), (
+            f"{call} returned records as a {type(batch).__name__}, not a pyarrow.RecordBatch "
+            "(the runtime passes record batches on; a Table gives them with to_batches())"
+        )
         schema = source.schema()
         assert batch.schema.equals(schema), (
             f"{call} returned a batch with schema ({render(batch.schema)}), "
@@ -82,24 +87,50 @@ class SourceSystem:
         assert len(ids) == batch.num_rows, "the context's ids() does not give one id per record"
         return ids
 
-    async def poll(self, source: SourceConnector, max_records: int, delivery: Delivery) -> bool:
-        """Poll once into ``delivery``, checking the batch; ``False`` when nothing came."""
-        batch = await source.poll_batch(max_records)
+    async def poll(
+        self,
+        source: SourceConnector,
+        max_records: int,
+        delivery: Delivery,
+        inspect: Callable[[pa.RecordBatch], None] | None = None,
+    ) -> bool:
+        """Poll once into ``delivery``, checking the batch; ``False`` when nothing came.
+
+        :param inspect: called with each batch's records, for a check's own demands.
+        :raises AssertionError: when ``poll_batch`` does not return within
+            :data:`~laminar_conformance._delivery.CALL_TIMEOUT_S` (plus the context's
+            ``poll_timeout_s``), or returns something else than the contract says.
+        """
+        batch = await answered(
+            source.poll_batch(max_records),
+            f"poll_batch({max_records})",
+            CALL_TIMEOUT_S + self.idle_timeout_s,
+        )
         if batch is None:
             return False
+        assert isinstance(batch, SourceBatch), (
+            f"poll_batch returned a {type(batch).__name__}, not a SourceBatch or None"
+        )
         ids = self.ids(source, batch.records, "poll_batch")
         assert 0 <= batch.num_rows <= max_records, (
             f"poll_batch({max_records}) returned {batch.num_rows} records"
         )
+        if inspect is not None:
+            inspect(batch.records)
         delivery.receive(ids, batch.partition)
         return True
 
     async def drain(
-        self, source: SourceConnector, delivery: Delivery, expected: int, max_records: int = 7
+        self,
+        source: SourceConnector,
+        delivery: Delivery,
+        expected: int,
+        max_records: int = 7,
+        inspect: Callable[[pa.RecordBatch], None] | None = None,
     ) -> None:
         """Poll until the source has nothing more, expecting ``expected`` records in all."""
         await drain(
-            lambda: self.poll(source, max_records, delivery),
+            lambda: self.poll(source, max_records, delivery, inspect),
             delivery,
             expected,
             self.idle_timeout_s,

@@ -20,8 +20,9 @@ from laminar_conformance._profiles import (
     selected_profile,
     session_seed,
 )
+from laminar_conformance._stores import state_store
 from laminar_conformance.contexts import ConformancePlugins, SinkTestContext, SourceTestContext
-from laminar_sdk import ConnectorRole, ConnectorSpec
+from laminar_sdk import ConnectorRole, ConnectorSpec, StateStore
 
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., object])
@@ -71,6 +72,18 @@ class Target:
         context = self.plugins.context(self.connector, ConnectorRole.SOURCE, self._workdir())
         assert isinstance(context, SourceTestContext)
         return context
+
+    def new_state_store(self, directory: Path | None = None) -> StateStore:
+        """A :class:`StateStore` for one destination or source system, new unless given.
+
+        The Spark bridge gives every sink one (and every source with a laminar checkpoint
+        location), shared by the instances of a query: so does the kit.
+
+        :param directory: where it is kept (default: a new directory).
+        """
+        if directory is None:
+            directory = Path(tempfile.mkdtemp(prefix="state-", dir=self.directory))
+        return state_store(directory, str(self.role), self.connector)
 
     def _workdir(self) -> Path:
         # mkdtemp, not TempPathFactory.mktemp: that lists every sibling to number the new

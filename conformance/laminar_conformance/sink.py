@@ -10,7 +10,8 @@ Adopt them in a plugin's tests with one class per sink (fsspec's pattern)::
 The plugin must give the kit a :class:`~laminar_conformance.contexts.SinkTestContext` through
 the ``laminar_conformance_context`` hook. Adopt single suites (:class:`SinkContractSuite`,
 :class:`SinkEpochProtocolSuite`, :class:`SinkRecoverySuite`,
-:class:`SinkDistributedCommitSuite`) to run part of it; override one check by defining a method
+:class:`SinkDistributedCommitSuite`, :class:`SinkRuntimeSuite`) to run part of it; override one
+check by defining a method
 of the same name (mark it ``pytest.mark.skip(reason=...)`` to leave it out, saying why).
 ``plugins = [my_plugin_module]`` uses a plugin that is not installed.
 
@@ -60,10 +61,12 @@ from laminar_conformance._faults import (
     every_fault_point,
 )
 from laminar_conformance._figures import Figures
-from laminar_conformance._kill import KILL_STEPS, checkpoint_store, kill_in_child
+from laminar_conformance._kill import KILL_STEPS, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
+from laminar_conformance._runtime_checks import SinkRuntimeSuite
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
+from laminar_conformance._stores import checkpoint_store
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext
@@ -96,6 +99,8 @@ _UNCHECKABLE = {
         "write a retraction; check changelog records in the plugin's own tests"
     ),
 }
+MAX_DESCRIPTOR_BYTES = 64 * 1024
+"""The largest commit descriptor a few records may take (see ``_Session.stage``)."""
 _UNREADABLE = "the test context cannot read the destination back (committed_ids() is None)"
 _ADDED_COLUMN = pa.field("laminar_conformance_added", pa.int64(), nullable=True)
 T = TypeVar("T")
@@ -131,9 +136,11 @@ class _Session:
         self.target = target
         self.context = target.sink_context()
         self.properties = self.context.config().properties
+        self.state_directory = Path(tempfile.mkdtemp(prefix="state-", dir=target.directory))
+        self.state = target.new_state_store(self.state_directory)
 
     async def open(self) -> SinkConnector:
-        return await open_sink(self.target, self.properties)
+        return await open_sink(self.target, self.properties, self.state)
 
     async def write_epoch(
         self, sink: SinkConnector, epoch: int, ids: Sequence[int], *, commit: bool = True
@@ -155,6 +162,13 @@ class _Session:
         descriptor = await staging.stage(epoch, task, TaskBatches(records, Fault.NONE, epoch))
         await sink.close()
         assert isinstance(descriptor, str), f"stage() returned {descriptor!r}, not a str"
+        size = len(descriptor.encode())
+        assert size <= MAX_DESCRIPTOR_BYTES, (
+            f"stage() of {sum(map(len, batches))} records returned a descriptor of {size} bytes: "
+            "it travels in the task's commit message and is written into the epoch's manifest "
+            f"twice, so it must stay small (at most {MAX_DESCRIPTOR_BYTES} bytes here): name "
+            "the staged files or transactions, not the records"
+        )
         return descriptor
 
     async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
@@ -648,6 +662,7 @@ def _check_run(
                 properties=dict(session.properties),
                 plugins=target.extra_plugins,
                 store=store,
+                state=session.state_directory,
                 epochs=[[session.context.batch(ids) for ids in batches] for batches in epochs],
                 point=killed_at,
                 plan=plan,
@@ -963,6 +978,31 @@ class SinkDistributedCommitSuite(ConnectorSuite):
         session.run(scenario())
 
     @check
+    def test_a_task_with_no_records_stages_and_commits(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A write task of an empty Spark partition hands ``stage`` no batch at all.
+
+        Filters and shuffles leave partitions empty: the task still stages, and its
+        descriptor is committed with the others'.
+        """
+        _require_distributed(conformance)
+        figures.cases += 1
+        session = _Session(conformance)
+
+        async def scenario() -> None:
+            empty = await session.stage(0, "run-0.epoch-0.task-0")
+            full = await session.stage(0, "run-0.epoch-0.task-1", [1, 2])
+            await session.commit_aggregated(0, [empty, full])
+            assert session.visible() == Counter([1, 2]), (
+                "epoch 0 staged by a task with no batch and a task with ids 1, 2, then "
+                f"committed: a reader sees {sorted(session.visible().elements())}"
+            )
+            figures.epochs += 1
+
+        session.run(scenario())
+
+    @check
     def test_tasks_staged_in_parallel_are_committed_together(
         self, conformance: Target, figures: Figures
     ) -> None:
@@ -996,6 +1036,10 @@ class SinkDistributedCommitSuite(ConnectorSuite):
 
 
 class SinkSuite(
-    SinkContractSuite, SinkEpochProtocolSuite, SinkRecoverySuite, SinkDistributedCommitSuite
+    SinkContractSuite,
+    SinkEpochProtocolSuite,
+    SinkRecoverySuite,
+    SinkDistributedCommitSuite,
+    SinkRuntimeSuite,
 ):
-    """Every sink check: contract, epoch protocol, recovery, and distributed commit."""
+    """Every sink check: contract, epoch protocol, recovery, distributed commit, Spark's demands."""

@@ -9,7 +9,8 @@ Adopt them in a plugin's tests with one class per source (fsspec's pattern)::
 
 The plugin must give the kit a :class:`~laminar_conformance.contexts.SourceTestContext`
 through the ``laminar_conformance_context`` hook. Adopt :class:`SourceContractSuite`,
-:class:`SourceReplaySuite` or :class:`SourceRangeReadSuite` alone to run part of it; override
+:class:`SourceReplaySuite`, :class:`SourceRangeReadSuite` or :class:`SourceRuntimeSuite` (what
+the Spark bridge demands of a source, checked in process) alone to run part of it; override
 one check by defining a method of the same name. ``plugins = [my_plugin_module]`` uses a plugin
 that is not installed.
 
@@ -35,8 +36,14 @@ from laminar_conformance._config_checks import ConfigurationSuite
 from laminar_conformance._delivery import Delivery, read_enough
 from laminar_conformance._figures import Figures
 from laminar_conformance._probe import skip_if_turned_off, source_traits
-from laminar_conformance._range_reads import RangeCase, RangeStep, plan_then_append
+from laminar_conformance._range_reads import (
+    RangeCase,
+    RangeStep,
+    plan_on_an_instance_kept_open,
+    plan_then_append,
+)
 from laminar_conformance._report import PROBED_PROPERTY
+from laminar_conformance._runtime_checks import SourceRuntimeSuite
 from laminar_conformance._skips import skip
 from laminar_conformance._source_system import SourceSystem, compare
 from laminar_conformance._suite import ConnectorSuite, Target, check
@@ -439,6 +446,24 @@ class SourceRangeReadSuite(ConnectorSuite):
         system.append([5] * system.partitions if system.equal_partitions else uneven)
         system.run(plan_then_append(system, figures))
 
+    @check
+    def test_an_instance_kept_open_plans_records_appended_after_it_opened(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """One instance, never polled, plans records appended after it was opened.
 
-class SourceSuite(SourceContractSuite, SourceReplaySuite, SourceRangeReadSuite):
-    """Every source check: contract, replay and range reads."""
+        Spark keeps one instance of a range-readable source open for the whole query to plan
+        every micro-batch with ``plan_end``, and never polls it.
+        """
+        _require_range_readable(conformance)
+        figures.cases += 1
+        system = SourceSystem(conformance)
+        if not system.live_appends:
+            system.context.close()
+            skip("live-appends", f"{system.traits.not_live}, so a planner kept open goes unchecked")
+        system.append([2] * system.partitions)
+        system.run(plan_on_an_instance_kept_open(system, figures))
+
+
+class SourceSuite(SourceContractSuite, SourceReplaySuite, SourceRangeReadSuite, SourceRuntimeSuite):
+    """Every source check: contract, replay, range reads, and what Spark demands of it."""

@@ -29,14 +29,27 @@ def spark_schema(schema: pa.Schema, connector: str) -> StructType:
             except Exception:  # noqa: BLE001 - only collecting which columns fail
                 unsupported.append(f"{field.name}: {field.type}")
         raise SchemaMismatch(
-            f"source {connector!r} declares column(s) Spark cannot represent: "
-            f"{', '.join(unsupported) or schema}; the source has to offer another type"
+            f"connector {connector!r} declares column(s) Spark cannot represent: "
+            f"{', '.join(unsupported) or schema}; the connector has to offer another type"
         ) from error
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
     """The Arrow schema Spark exchanges batches of ``schema`` in (timestamps in UTC)."""
     return to_arrow_schema(schema, timezone="UTC")
+
+
+def spark_round_trip_schema(schema: pa.Schema, connector: str) -> pa.Schema:
+    """The Arrow schema batches of a connector's ``schema`` have after crossing Spark.
+
+    Spark keeps its own types (timestamps in microseconds, no ``large_string``, no
+    dictionaries): a source's batches are conformed to this schema on their way in, a sink
+    receives batches of it. Where it differs from ``schema`` (:func:`schema_differences`),
+    the connector's batches cannot cross the bridge.
+
+    :raises SchemaMismatch: naming the columns whose type Spark cannot represent at all.
+    """
+    return arrow_schema(spark_schema(schema, connector))
 
 
 def schema_differences(expected: pa.Schema, actual: pa.Schema) -> list[str]:

@@ -8,9 +8,13 @@ that publishes an epoch's rows and records the epoch in one transaction;
 ``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch``, unmarked.
 ``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
 ``outsider-jsonl-buffered-pre-commit`` returns from ``pre_commit`` with the rows still in the
-file's buffer. The source's test context is written as an author writes one after reading
-only the protocol: it does not declare ``partitions`` or ``live_appends`` — the kit has to find
-out. Used with ``--plugin outsider``; it imports nothing from the kit.
+file's buffer. Four more pass every in-process check of the epoch protocol and break only on
+Spark — the kit must catch them first: a source stamping records in nanoseconds, one inferring
+its schema from the data, one that takes records off the queue when it polls (lost when it is
+closed holding some), and a sink taking unsigned ids. The source's test context is written as
+an author writes one after reading only the protocol: it does not declare ``partitions`` or
+``live_appends`` — the kit has to find out. Used with ``--plugin outsider``; it imports
+nothing from the kit.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
+import time
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -32,6 +37,8 @@ from laminar_sdk import (
     ConnectorRegistry,
     InvalidState,
     PartitionInfo,
+    PartitionRange,
+    RangeReadableSource,
     SchemaMismatch,
     SinkConnector,
     SinkConnectorCapabilities,
@@ -79,10 +86,12 @@ class QueueSource(SourceConnector):
             self.cursor = (self.cursor + 1) % len(PARTITIONS)
             if taken:
                 self.advance(partition, len(taken))
-                ids = [json.loads(line)["id"] for line in taken]
-                batch = pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)
-                return SourceBatch(batch, PartitionInfo(partition, str(start + len(taken))))
+                records = self.records([json.loads(line)["id"] for line in taken])
+                return SourceBatch(records, PartitionInfo(partition, str(start + len(taken))))
         return None
+
+    def records(self, ids: list[int]) -> pa.RecordBatch:
+        return pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)
 
     def advance(self, partition: str, count: int) -> None:
         self.positions[partition] += count
@@ -148,6 +157,98 @@ class AdvancesTheNextPartition(QueueSource):
         self.positions[PARTITIONS[self.cursor]] += count
 
 
+STAMPED = pa.schema([("id", pa.int64()), ("read_at", pa.timestamp("ns", tz="UTC"))])
+
+
+class StampsInNanoseconds(QueueSource):
+    """Adds when each record was read, in nanoseconds as pandas and time.time_ns() give it."""
+
+    def schema(self) -> pa.Schema:
+        return STAMPED
+
+    def records(self, ids: list[int]) -> pa.RecordBatch:
+        now = pa.array([time.time_ns()] * len(ids), pa.timestamp("ns", tz="UTC"))
+        return pa.record_batch([pa.array(ids, pa.int64()), now], schema=STAMPED)
+
+
+class InfersItsSchemaFromTheData(QueueSource):
+    """Declares the keys of the first record in the queue as its columns (none while empty)."""
+
+    def schema(self) -> pa.Schema:
+        for partition in PARTITIONS:
+            for line in self.lines(partition)[:1]:
+                return pa.schema([(key, pa.int64()) for key in json.loads(line)])
+        return pa.schema([])
+
+
+class AcknowledgesOnReceipt(QueueSource):
+    """Takes every waiting line off the queue when it polls (a consumer that acknowledges on
+    receipt), then returns them a batch at a time; cannot go back, so it does not replay."""
+
+    async def open(self, config: ConnectorConfig) -> None:
+        await super().open(config)
+        self.received: list[str] = []
+        self.returned = 0
+
+    def supports_replay(self) -> bool:
+        return False
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        if not self.received:
+            for partition in PARTITIONS:
+                self.received += self.lines(partition)
+                (self.directory / f"{partition}.jsonl").write_text("", encoding="utf-8")
+        taken, self.received = self.received[:max_records], self.received[max_records:]
+        if not taken:
+            return None
+        self.returned += len(taken)
+        records = self.records([json.loads(line)["id"] for line in taken])
+        return SourceBatch(records, PartitionInfo("queue", str(self.returned)))
+
+    def checkpoint(self) -> SourceCheckpoint:
+        return SourceCheckpoint({"queue": str(self.returned)})
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        pass
+
+
+class RangeReadableQueue(QueueSource, RangeReadableSource):
+    """Reads each partition's lines between two checkpoints in parallel tasks on Spark."""
+
+    def as_range_readable(self) -> RangeReadableSource:
+        return self
+
+    def line_counts(self) -> dict[str, int]:
+        return {partition: len(self.lines(partition)) for partition in PARTITIONS}
+
+    async def plan_end(self, start: SourceCheckpoint, max_records: int | None) -> SourceCheckpoint:
+        budget = max_records
+        offsets = {}
+        for partition, count in self.line_counts().items():
+            begin = int(start.offsets.get(partition, "0"))
+            end = count if budget is None else min(count, begin + budget)
+            if budget is not None:
+                budget -= end - begin
+            offsets[partition] = str(end)
+        return SourceCheckpoint(offsets)
+
+    async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
+        begin, end = int(partition_range.start or 0), int(partition_range.end)
+        taken = self.lines(partition_range.partition)[begin:end]
+        yield self.records([json.loads(line)["id"] for line in taken])
+
+
+class PlansFromTheLinesSeenAtOpen(RangeReadableQueue):
+    """Counts each partition's lines when it opens, and plans from those counts."""
+
+    async def open(self, config: ConnectorConfig) -> None:
+        await super().open(config)
+        self.counted_at_open = super().line_counts()
+
+    def line_counts(self) -> dict[str, int]:
+        return self.counted_at_open
+
+
 SOURCES: dict[str, type[QueueSource]] = {
     "outsider-queue-blind-context": QueueSource,
     "outsider-queue": QueueSource,
@@ -155,6 +256,11 @@ SOURCES: dict[str, type[QueueSource]] = {
     "outsider-checkpoint-lags-in-one-partition": CheckpointLagsInOnePartition,
     "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,
     "outsider-advances-the-next-partition": AdvancesTheNextPartition,
+    "outsider-stamps-in-nanoseconds": StampsInNanoseconds,
+    "outsider-infers-its-schema-from-the-data": InfersItsSchemaFromTheData,
+    "outsider-acknowledges-on-receipt": AcknowledgesOnReceipt,
+    "outsider-queue-ranges": RangeReadableQueue,
+    "outsider-plans-from-the-lines-seen-at-open": PlansFromTheLinesSeenAtOpen,
 }
 
 
@@ -353,18 +459,34 @@ class JsonLinesSinkBufferedPreCommit(JsonLinesSink):
         pass
 
 
+UNSIGNED = pa.schema([("id", pa.uint64())])
+
+
+class JsonLinesSinkOfUnsignedIds(JsonLinesSink):
+    """Takes its ids as unsigned integers, as its upstream system keeps them."""
+
+    def schema(self) -> pa.Schema:
+        return UNSIGNED
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        if not batch.schema.equals(UNSIGNED):
+            raise SchemaMismatch(f"expected {UNSIGNED}, got {batch.schema}")
+        return await super().write_batch(batch.cast(SCHEMA))
+
+
 class JsonLinesContext:
     """A fresh directory in ``workdir``; what a reader of its published files sees."""
 
     def __init__(self, connector: str, workdir: Path) -> None:
         self.connector = connector
         self.directory = workdir / "jsonl"
+        self.schema = UNSIGNED if connector == "outsider-jsonl-unsigned-ids" else SCHEMA
 
     def config(self) -> ConnectorConfig:
         return ConnectorConfig(self.connector, {"path": str(self.directory)})
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
-        return pa.record_batch([pa.array(list(ids), pa.int64())], schema=SCHEMA)
+        return pa.record_batch([pa.array(list(ids), self.schema.field("id").type)], self.schema)
 
     def committed_ids(self) -> list[int]:
         files = sorted((self.directory / "out").glob("*.jsonl"))
@@ -379,6 +501,7 @@ SINKS: dict[str, type[SqliteSink] | type[JsonLinesSink]] = {
     "outsider-sqlite-marker-apart": SqliteSinkMarkerApart,
     "outsider-jsonl": JsonLinesSink,
     "outsider-jsonl-buffered-pre-commit": JsonLinesSinkBufferedPreCommit,
+    "outsider-jsonl-unsigned-ids": JsonLinesSinkOfUnsignedIds,
 }
 
 

@@ -114,6 +114,32 @@ OUTSIDER_VARIANTS = [
         "sink",
         "test_delivery_survives_a_real_kill_after_each_durable_call",
     ),
+    # What the Spark bridge would refuse or break on, caught in process first.
+    (
+        "outsider-stamps-in-nanoseconds",
+        "source",
+        "test_batches_reach_spark_as_the_source_declares_them",
+    ),
+    (
+        "outsider-infers-its-schema-from-the-data",
+        "source",
+        "test_schema_is_known_when_opened_and_the_same_on_every_instance",
+    ),
+    (
+        "outsider-acknowledges-on-receipt",
+        "source",
+        "test_a_source_reopened_and_restored_for_each_micro_batch_loses_nothing",
+    ),
+    (
+        "outsider-jsonl-unsigned-ids",
+        "sink",
+        "test_the_sink_schema_comes_back_from_spark_unchanged",
+    ),
+    (
+        "outsider-plans-from-the-lines-seen-at-open",
+        "source",
+        "test_an_instance_kept_open_plans_records_appended_after_it_opened",
+    ),
 ]
 OUTSIDER_SEEDS = ("1", "2", "3")
 # The correct outsider connectors: each must pass three runs in a row (seeds 1 to 3).
