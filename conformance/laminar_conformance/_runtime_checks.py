@@ -23,6 +23,7 @@ from laminar_conformance._delivery import Delivery
 from laminar_conformance._figures import Figures
 from laminar_conformance._skips import skip
 from laminar_conformance._source_system import SourceSystem, compare, render
+from laminar_conformance._spark_layer import PYSPARK_MISSING
 from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_sdk import (
     ConnectorRole,
@@ -31,8 +32,6 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-
-PYSPARK_MISSING = "pyspark not installed (pip install laminar-sdk[spark])"
 
 MICRO_BATCH_RECORDS = 2
 """The most records the kit's imitation of the bridge's planning polls per micro-batch: fewer

@@ -63,6 +63,7 @@ from laminar_conformance._faults import (
 from laminar_conformance._figures import Figures
 from laminar_conformance._kill import KILL_STEPS, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
+from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
@@ -218,6 +219,61 @@ class SinkContractSuite(ConfigurationSuite):
             await sink.close()
 
         session.run(scenario())
+
+    @check
+    def test_the_probe_finds_what_the_sink_does(
+        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+    ) -> None:
+        """An epoch written, pre-committed and committed is visible; what the sink does, found.
+
+        The kit watches one epoch through the protocol and the same epoch delivered again to
+        a new instance, and reports what it saw next to what the sink declares: whether
+        anything is visible before ``commit_epoch``, and whether a committed epoch delivered
+        again is skipped. A sink that behaves exactly-once without declaring it is told so:
+        exactly-once pipelines refuse a sink that does not declare ``exactly_once``.
+        """
+        figures.cases += 1
+        figures.restarts += 1
+        session = _Session(conformance)
+        if session.context.committed_ids() is None:
+            session.context.close()
+            request.node.user_properties.append((PROBED_PROPERTY, _UNREADABLE))
+            skip("read-back", _UNREADABLE)
+
+        async def scenario() -> tuple[Counter[int], Counter[int], Counter[int], bool]:
+            sink = await session.open()
+            await session.write_epoch(sink, 0, [1, 2], commit=False)
+            before = session.visible()
+            await sink.commit_epoch(0)
+            after = session.visible()
+            again = await session.open()  # delivered again after a crash
+            await session.write_epoch(again, 0, [1, 2])
+            distributed = again.as_distributed_commit() is not None
+            await again.close()
+            return before, after, session.visible(), distributed
+
+        before, after, redelivered, distributed = session.run(scenario())
+        declared = _capabilities(conformance)
+        found = [
+            "nothing visible before commit_epoch"
+            if not before
+            else f"ids {sorted(before.elements())} visible before commit_epoch",
+            "a committed epoch delivered again to a new instance is skipped"
+            if redelivered == Counter([1, 2])
+            else "a committed epoch delivered again is written again",
+            "offers a distributed commit" if distributed else "commits from one instance",
+        ]
+        if not declared.exactly_once and not before and redelivered == Counter([1, 2]):
+            found.append(
+                "it behaves exactly-once here but does not declare exactly_once: exactly-once "
+                "pipelines refuse it; declare exactly_once (and two_phase_commit) in "
+                "capabilities() if it keeps them, and the kit holds it to them"
+            )
+        request.node.user_properties.append((PROBED_PROPERTY, "; ".join(found)))
+        assert after >= Counter([1, 2]), (
+            f"epoch 0 (ids 1, 2) written, pre-committed and committed: a reader sees "
+            f"{sorted(after.elements())}"
+        )
 
     @check
     def test_a_batch_of_another_schema_is_refused_with_schema_mismatch(
