@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
         "test_spark_pipeline_killed_at_crash_points_restarts_without_loss (spark)"
     ) in result.stderr
     text = (tmp_path / "r.md").read_text()
-    assert "**Result: FAILED** — 12 passed, 0 failed" in text
+    assert re.search(r"\*\*Result: FAILED\*\* — \d+ passed, 0 failed", text), text[:400]
     strict = text.split("## Strict: core checks skipped without a stated reason")[1]
     assert "(spark)" in strict
     assert "live-appends" not in strict, "the generator's context states why, so strict accepts it"
