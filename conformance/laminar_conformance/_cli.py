@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from laminar_conformance._profiles import PROFILES, Profile
+from laminar_conformance._profiles import PROFILES, Profile, crash_schedule
 from laminar_conformance._report import (
     ReportCollector,
     RunDescription,
@@ -31,7 +31,7 @@ from laminar_conformance._report import (
     write_report,
 )
 from laminar_conformance.contexts import ConformancePlugins
-from laminar_sdk import ConnectorRole, ConnectorSpec, LaminarError
+from laminar_sdk import ConfigurationError, ConnectorRole, ConnectorSpec, LaminarError
 
 PYTEST_PLUGIN_NAME = "laminar_conformance"
 """The name of the kit's ``pytest11`` entry point (blocked here: the module is loaded by name)."""
@@ -136,6 +136,10 @@ def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) ->
         parts += ["--plugin", plugin]
     for name in args.check:
         parts += ["--check", name]
+    if args.no_spark:
+        parts.append("--no-spark")
+    if args.spark_crashes:
+        parts += ["--spark-crashes", args.spark_crashes]
     return " ".join(parts)
 
 
@@ -147,6 +151,14 @@ def _for_role(path: Path | None, role: ConnectorRole, roles: int) -> Path | None
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.spark_crashes:
+        if args.no_spark:
+            raise ConfigurationError(
+                "--spark-crashes sets the Spark layer's crash schedule and --no-spark leaves the "
+                "layer out: drop one of them",
+                key="--spark-crashes",
+            )
+        args.spark_crashes = crash_schedule(args.spark_crashes, "--spark-crashes")
     try:
         extra = [importlib.import_module(name) for name in args.plugin]
     except ImportError as error:
@@ -232,7 +244,9 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
             f"--laminar-profile={args.profile}",
             f"--hypothesis-seed={seed}",
             "-v",
-            "-rfE",
+            # A failure's diagnosis is printed after the run (see _print_diagnoses); pytest's
+            # traceback of it only on request.
+            *(["-rfE", "--tb=long"] if args.verbose else ["--tb=no"]),
         ]
         if args.no_spark:
             argv.append("--laminar-no-spark")
@@ -267,13 +281,28 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
         )
         return 1
     if status == pytest.ExitCode.TESTS_FAILED:
+        if not args.verbose:
+            _print_diagnoses(collector)
         print(
-            f"laminar conformance: {failed} check(s) failed; the output above shows each "
-            f"minimal failing schedule. Replay: {replay}",
+            f"laminar conformance: {failed} check(s) failed; each diagnosis above ends with the "
+            "command that replays its check"
+            + ("" if args.verbose else " (-v shows their tracebacks)")
+            + f". Replay the run: {replay}",
             file=sys.stderr,
         )
         return 1
     return int(status)
+
+
+def _print_diagnoses(collector: ReportCollector) -> None:
+    """Each failed check's diagnosis: what went wrong, the minimal schedule, how to replay it."""
+    for result in collector.results.values():
+        if result.outcome != "failed":
+            continue
+        print(f"\nFAILED {result.name}", file=sys.stderr)
+        for line in result.diagnosis.splitlines():
+            print(f"    {line}".rstrip(), file=sys.stderr)
+    print(file=sys.stderr)
 
 
 def add_conformance_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -321,6 +350,12 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
             "fail when a core check (replay, multi-partition, rollback, live appends, the "
             "Spark layer) was skipped without a reason stated in the test context's skip_checks"
         ),
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also show each failure's traceback (by default, its diagnosis only)",
     )
     run.add_argument(
         "--check",

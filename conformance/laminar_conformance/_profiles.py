@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pytest
+
+from laminar_sdk import ConfigurationError
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -22,11 +25,14 @@ NO_SPARK_OPTION = "laminar_no_spark"
 """The pytest option (``--laminar-no-spark``) that skips the Spark layer's checks."""
 
 SPARK_CRASHES_OPTION = "laminar_spark_crashes"
+"""The pytest option (``--laminar-spark-crashes=commit:1,done:3``) that sets the crash schedule
+of the Spark layer's cases instead of drawing it: the replay of a failure's schedule."""
+
+SPARK_CRASHES_FLAG = "--laminar-spark-crashes"
+"""That option as it is written on pytest's command line, for errors."""
 
 STRICT_OPTION = "laminar_strict"
 """The pytest option (``--laminar-strict``): a core check skipped without a stated reason fails."""
-"""The pytest option (``--laminar-spark-crashes=commit:1,done:3``) that sets the crash schedule
-of the Spark layer's cases instead of drawing it: the replay of a failure's schedule."""
 
 CI_VARIABLE = "CI"
 """Set in CI: Hypothesis runs derandomized unless a seed is given."""
@@ -143,3 +149,22 @@ def session_seed(config: pytest.Config) -> int | None:
             seed = random.randrange(2**32)  # noqa: S311 - a test seed, not a secret
         config.stash[_SEED_KEY] = seed
     return config.stash[_SEED_KEY]
+
+
+def crash_schedule(text: str, flag: str) -> str:
+    """``text``, a crash schedule given on the command line as ``flag``, checked.
+
+    Checked before anything runs, so that a typo does not cost a whole run first.
+
+    :raises ConfigurationError: naming ``flag`` — for a malformed crash point, or when
+        ``pyspark`` (which the Spark layer needs) is not installed.
+    """
+    if importlib.util.find_spec("pyspark") is None:
+        raise ConfigurationError(
+            f"{flag} sets the Spark layer's crash schedule, and pyspark is not installed: "
+            "pip install 'laminar-conformance[spark]'",
+            key=flag,
+        )
+    from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
+
+    return ",".join(map(str, CrashPoint.parse_schedule(text, flag)))

@@ -40,6 +40,8 @@ class CheckResult:
     """What the probe check found the connector does."""
     timeline: str = ""
     """The failing case's timeline, as JSON, when the check drew one."""
+    diagnosis: str = ""
+    """A failure's whole message: what went wrong, the minimal schedule, how to replay it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +84,9 @@ class ReportCollector:
         if report.failed:
             result.outcome = "failed"
             crash = getattr(report.longrepr, "reprcrash", None)
-            message = getattr(crash, "message", None) or str(report.longrepr)
-            result.reason = message.strip().splitlines()[0] if message.strip() else ""
+            message = (getattr(crash, "message", None) or str(report.longrepr)).strip()
+            result.reason = message.splitlines()[0] if message else ""
+            result.diagnosis = message
         elif report.skipped and result.outcome != "failed":
             result.outcome = "skipped"
             longrepr = report.longrepr

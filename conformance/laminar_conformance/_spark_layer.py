@@ -39,7 +39,7 @@ from pyarrow import parquet
 from laminar_conformance._faults import TraceEvent
 from laminar_conformance._figures import Figures
 from laminar_conformance._probe import source_traits
-from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_OPTION
+from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_FLAG, SPARK_CRASHES_OPTION
 from laminar_conformance._report import SPARK_SCHEDULES_PROPERTY
 from laminar_conformance._skips import skip
 from laminar_conformance._spark_pipeline import (
@@ -527,7 +527,7 @@ def _run_cases(layer: SparkLayer, config: pytest.Config) -> None:
     if pinned:
         from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
 
-        layer.run_case(tuple(CrashPoint.parse(point) for point in pinned.split(",")))
+        layer.run_case(CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG))
         return
     from hypothesis import Phase, given, settings  # noqa: PLC0415 - after pytest's rewriting
 

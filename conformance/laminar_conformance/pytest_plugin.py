@@ -13,12 +13,15 @@ from laminar_conformance._profiles import (
     PROFILE_OPTION,
     PROFILE_VARIABLE,
     PROFILES,
+    SPARK_CRASHES_FLAG,
     SPARK_CRASHES_OPTION,
     STRICT_OPTION,
+    crash_schedule,
     selected_profile,
     session_seed,
 )
 from laminar_conformance._report import ReportCollector
+from laminar_sdk import ConfigurationError
 
 _RESULTS = pytest.StashKey[ReportCollector]()
 
@@ -68,10 +71,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Collect every check's outcome, for the summary of what was not tested.
+    """Check ``--laminar-spark-crashes``; collect every check's outcome for the summary.
 
     ``laminar conformance run`` passes its own collector (for its report): that one is used.
+
+    :raises pytest.UsageError: for a malformed crash schedule, before any check runs.
     """
+    schedule = config.getoption(SPARK_CRASHES_OPTION, None)
+    if schedule:
+        try:
+            crash_schedule(schedule, SPARK_CRASHES_FLAG)
+        except ConfigurationError as error:
+            raise pytest.UsageError(str(error)) from None
     plugins = config.pluginmanager.get_plugins()
     results = next((p for p in plugins if isinstance(p, ReportCollector)), None)
     if results is None:

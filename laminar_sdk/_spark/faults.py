@@ -217,10 +217,12 @@ class CrashPoint:
         return text
 
     @classmethod
-    def parse(cls, text: str) -> CrashPoint:
+    def parse(cls, text: str, given_as: str = CRASH_AT_VARIABLE) -> CrashPoint:
         """The crash point ``STEP:EPOCH[:WHEN]`` names (see the module documentation).
 
-        :raises ConfigurationError: naming :data:`CRASH_AT_VARIABLE` and the accepted form.
+        :param given_as: where ``text`` came from, for the error (an option such as
+            ``--spark-crashes``; default :data:`CRASH_AT_VARIABLE`).
+        :raises ConfigurationError: naming ``given_as`` and the accepted form.
         """
         parts = text.split(":")
         try:
@@ -238,10 +240,18 @@ class CrashPoint:
             steps = ", ".join(step.value for step in CrashStep)
             inside = ", ".join(step.value for step in CrashStep if step.inside_a_call)
             raise ConfigurationError(
-                f"{CRASH_AT_VARIABLE}={text!r}: expected STEP:EPOCH with STEP one of {steps}; "
+                f"{given_as} {text!r}: expected STEP:EPOCH with STEP one of {steps}; "
                 f"{inside} also take :K (the K-th event of the call, K >= 1) or :Nms",
-                key=CRASH_AT_VARIABLE,
+                key=given_as,
             ) from None
+
+    @classmethod
+    def parse_schedule(cls, text: str, given_as: str) -> tuple[CrashPoint, ...]:
+        """The crash points of ``STEP:EPOCH[:WHEN],...``, in order.
+
+        :raises ConfigurationError: naming ``given_as`` and the first malformed point.
+        """
+        return tuple(cls.parse(point.strip(), given_as) for point in text.split(","))
 
 
 def crash_point(environ: Mapping[str, str] | None = None) -> CrashPoint | None:

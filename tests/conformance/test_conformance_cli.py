@@ -100,6 +100,41 @@ def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
     assert "- Replay: `laminar conformance run generator --role source --seed 2 --strict`" in text
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--spark-crashes", "bogus:1"], "--spark-crashes 'bogus:1': expected STEP:EPOCH"),
+        (["--spark-crashes", "commit:1", "--no-spark"], "drop one of them"),
+        (["--check", "test_no_such_check"], "--check names no sink check: 'test_no_such_check'"),
+    ],
+)
+def test_bad_options_are_refused_before_any_check_runs(tmp_path, arguments, message):
+    result = conformance("run", "memory", "--role", "sink", *arguments, cwd=tmp_path)
+    assert result.returncode == 2, result.stdout[-2000:]
+    assert message in result.stderr
+    assert "PASSED" not in result.stdout, "a check ran before the options were checked"
+
+
+def test_a_failure_shows_its_diagnosis_and_its_traceback_only_with_verbose(tmp_path):
+    broken = Path(__file__).parent
+    arguments = (
+        "run", "broken-forgets-committed-epochs", "--role", "sink", "--plugin", "broken",
+        "--seed", "1", "--no-spark",
+        "--check", "test_a_committed_epoch_delivered_again_after_a_restart_is_skipped",
+    )  # fmt: skip
+    quiet = conformance(*arguments, cwd=tmp_path, path=broken)
+    assert quiet.returncode == 1, quiet.stdout[-2000:]
+    diagnosis = quiet.stderr.split("FAILED test_a_committed_epoch_delivered_again", 1)[1]
+    assert "committed epochs 0 (ids 1, 2) and 1 (id 3) delivered again" in diagnosis
+    assert "Replay: laminar conformance run broken-forgets-committed-epochs" in diagnosis
+    assert "Traceback" not in quiet.stdout + quiet.stderr
+    assert "sink.py:" not in quiet.stdout, "no traceback without -v"
+    assert "(-v shows their tracebacks)" in quiet.stderr
+    verbose = conformance(*arguments, "-v", cwd=tmp_path, path=broken)
+    assert verbose.returncode == 1
+    assert "laminar_conformance/sink.py:" in verbose.stdout, "-v shows where the check failed"
+
+
 def test_an_unknown_connector_is_a_usage_error(tmp_path):
     result = conformance("run", "no-such", "--role", "sink", cwd=tmp_path)
     assert result.returncode == 2
@@ -205,3 +240,14 @@ def test_the_commands_plug_into_an_argparse_command():
     )
     assert (args.connector, args.role, args.profile, args.seed) == ("memory", "sink", "full", 9)
     assert callable(args.handler)
+
+
+def test_pytest_refuses_a_malformed_crash_schedule_before_collecting(tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_nothing.py", "-p", "no:cacheprovider",
+         "--laminar-spark-crashes=commit:1,bogus"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "--laminar-spark-crashes 'bogus': expected STEP:EPOCH" in result.stderr
