@@ -165,12 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"laminar conformance: cannot import plugin module: {error}", file=sys.stderr)
         return 2
     plugins = ConformancePlugins.load(extra)
-    if args.role:
-        specs: tuple[ConnectorSpec, ...] = (
-            plugins.registry.get(args.connector, ConnectorRole(args.role)),
-        )
-    else:
-        specs = plugins.registry.every_role(args.connector)
+    specs = _specs(plugins, args.connector, args.role)
     for spec in specs:
         unknown = _unknown_checks(args.check, spec.role)
         if unknown is not None:
@@ -185,6 +180,29 @@ def _run(args: argparse.Namespace) -> int:
         )
         print(f"laminar conformance: {args.connector!r}, both roles: {verdicts}")
     return max(statuses)
+
+
+def _specs(
+    plugins: ConformancePlugins, connector: str, role: str | None
+) -> tuple[ConnectorSpec, ...]:
+    """The registrations of ``connector`` to check: every role it has, or ``role``'s.
+
+    :raises ConfigurationError: for a connector not installed, or one without ``role``
+        (naming the role it has and ``--role``).
+    """
+    if role is None:
+        return plugins.registry.every_role(connector)
+    try:
+        return (plugins.registry.get(connector, ConnectorRole(role)),)
+    except ConfigurationError:
+        other = [spec.role for spec in plugins.registry if spec.name == connector]
+        if not other:
+            raise
+        raise ConfigurationError(
+            f"{connector!r} is a {other[0]} connector, not a {role} connector: use --role "
+            f"{other[0]}, or leave --role out to check every role it has",
+            key="--role",
+        ) from None
 
 
 def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: int) -> int:

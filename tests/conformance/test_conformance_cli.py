@@ -115,6 +115,15 @@ def test_bad_options_are_refused_before_any_check_runs(tmp_path, arguments, mess
     assert "PASSED" not in result.stdout, "a check ran before the options were checked"
 
 
+def test_a_role_the_connector_does_not_have_names_the_one_it_has(tmp_path):
+    result = conformance("run", "generator", "--role", "sink", cwd=tmp_path)
+    assert result.returncode == 2
+    assert (
+        "'generator' is a source connector, not a sink connector: use --role source, or leave "
+        "--role out"
+    ) in result.stderr
+
+
 def test_a_failure_shows_its_diagnosis_and_its_traceback_only_with_verbose(tmp_path):
     broken = Path(__file__).parent
     arguments = (
