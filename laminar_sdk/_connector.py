@@ -65,12 +65,22 @@ class SourceConnector(ABC):
         """Return the next records, at most ``max_records`` of them.
 
         Return ``None`` when nothing is available right now (the runtime waits and asks
-        again). Every batch must match :meth:`schema` exactly.
+        again): never wait for data to arrive — on Spark, the planning of every micro-batch
+        waits for this call. Every batch must match :meth:`schema` exactly, as a
+        ``pyarrow.RecordBatch``.
         """
 
     @abstractmethod
     def schema(self) -> pa.Schema:
-        """The Arrow schema of every batch this source returns."""
+        """The Arrow schema of every batch this source returns.
+
+        Known as soon as the source is opened, before any record is read, and the same on
+        every instance: Spark fixes a stream's columns when it is loaded, from an instance
+        opened then, and refuses batches of any other schema. Use types Spark gives back
+        unchanged (``laminar_sdk.spark.spark_round_trip_schema``): timestamps in
+        microseconds, ``string`` rather than ``large_string``, no dictionaries, no unsigned
+        integers; a column declared non-nullable holds no nulls.
+        """
 
     @abstractmethod
     def checkpoint(self) -> SourceCheckpoint:
@@ -93,7 +103,14 @@ class SourceConnector(ABC):
 
     @abstractmethod
     async def close(self) -> None:
-        """Release every resource. The instance is not used afterwards (see the class)."""
+        """Release every resource. The instance is not used afterwards (see the class).
+
+        Records the instance took from the system and has not returned are not lost by
+        closing it: on Spark, a source that is not range-readable is opened, restored and
+        closed again for every micro-batch, so what it held is read again by the next
+        instance after :meth:`restore` — or, for a source that cannot replay, never taken
+        from the system before :meth:`poll_batch` returns it.
+        """
 
     async def health_check(self) -> HealthStatus:
         """How the source is doing. Default: unknown."""
@@ -131,14 +148,16 @@ class SourceConnector(ABC):
         """This source as a :class:`RangeReadableSource`, if it is one. Default: ``None``.
 
         Offer it to be read in parallel by Spark's executors, each partition of a micro-batch
-        in its own task; see :mod:`laminar_sdk._parallel` and CONTRIBUTING.md.
+        in its own task (see :class:`RangeReadableSource`). Answer from the class, not the
+        configuration: the Spark bridge asks an unopened instance to choose its reader.
         """
         return None
 
     def supports_replay(self) -> bool:
         """Whether :meth:`restore` can go back and return the same records again.
 
-        Exactly-once pipelines require it. Default: ``True``.
+        Exactly-once pipelines require it. Answer from the class: the runtime asks an
+        unopened instance. Default: ``True``.
         """
         return True
 
@@ -197,7 +216,12 @@ class SinkConnector(ABC):
 
     @abstractmethod
     def schema(self) -> pa.Schema:
-        """The Arrow schema every batch written to this sink must have."""
+        """The Arrow schema every batch written to this sink must have.
+
+        On Spark the batches come in Spark's types: declare types Spark gives back unchanged
+        (``laminar_sdk.spark.spark_round_trip_schema``) — timestamps in microseconds,
+        ``string`` rather than ``large_string``, no unsigned integers.
+        """
 
     @abstractmethod
     async def close(self) -> None:
@@ -211,7 +235,10 @@ class SinkConnector(ABC):
 
         A sink may flush buffers, stage files or prepare a transaction here. It must not
         publish the epoch: the runtime may still roll it back. It must not lose any buffered
-        record either, the last batch included. Default: :meth:`flush`.
+        record either, the last batch included: when it returns, the epoch survives the
+        process being killed (``kill -9``) right then — nothing of it left in a Python
+        buffer, an unflushed file or a writer thread's queue — for a new instance to commit.
+        Default: :meth:`flush`.
         """
         await self.flush()
 
@@ -219,8 +246,11 @@ class SinkConnector(ABC):
         """Phase two of two: publish ``epoch`` atomically.
 
         Called only after :meth:`pre_commit` succeeded and the runtime's record of the epoch
-        is durable. Must be idempotent: committing an epoch that is already committed does
-        nothing. Default: nothing.
+        is durable — possibly on a new instance, after the one that pre-committed died. Must
+        be idempotent: committing an epoch that is already committed does nothing. When it
+        returns, the epoch is published for good (the process may be killed right then). If
+        it does several things (publish rows, record the epoch), mark the points between
+        them with :func:`laminar_sdk.crash_point`. Default: nothing.
         """
 
     async def rollback_epoch(self, epoch: int) -> None:
@@ -242,14 +272,20 @@ class SinkConnector(ABC):
         return ConnectorMetrics()
 
     def capabilities(self) -> SinkConnectorCapabilities:
-        """What this sink promises. Default: nothing beyond at-least-once."""
+        """What this sink promises. Default: nothing beyond at-least-once.
+
+        Answer from the class, not the configuration: the runtime checks a pipeline's
+        delivery guarantee before it opens the sink.
+        """
         return SinkConnectorCapabilities()
 
     def as_distributed_commit(self) -> DistributedCommitSink | None:
         """This sink as a :class:`DistributedCommitSink`, if it is one. Default: ``None``.
 
         Offer it to be written by Spark's executors in parallel, each task staging its share
-        of an epoch and one commit publishing them together; see CONTRIBUTING.md.
+        of an epoch and one commit publishing them together (see
+        :class:`DistributedCommitSink`). Answer from the class: the Spark bridge chooses the
+        commit path before the sink is opened.
         """
         return None
 

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 PROJECT_NAME = "laminar_sdk"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+"""Marks the SDK's hook specifications (below); plugins do not need it."""
+
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marks a plugin's hook implementations: ``@hookimpl def laminar_register_connectors(...)``."""
 
 
 # Registration ------------------------------------------------------------------------------

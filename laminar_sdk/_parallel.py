@@ -121,6 +121,8 @@ class DistributedCommitSink(ABC):
         Returns the commit descriptor: short text naming what was staged (e.g. a JSON list
         of file names) — it is kept in the checkpoint manifest, so keep it small. Nothing is
         lost: every record of ``batches`` is in the staged output when this returns.
+        ``batches`` may hold no batch at all (a task of an empty Spark partition): stage
+        nothing, and return a descriptor all the same.
         """
 
     @abstractmethod

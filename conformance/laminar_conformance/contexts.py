@@ -37,6 +37,8 @@ from laminar_sdk import (
     load_plugins,
 )
 
+__all__ = ["ConformancePlugins", "SinkTestContext", "SourceTestContext", "TestContext"]
+
 
 @runtime_checkable
 class SinkTestContext(Protocol):

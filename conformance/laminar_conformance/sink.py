@@ -100,6 +100,15 @@ _UNCHECKABLE = {
         "write a retraction; check changelog records in the plugin's own tests"
     ),
 }
+__all__ = [
+    "SinkContractSuite",
+    "SinkDistributedCommitSuite",
+    "SinkEpochProtocolSuite",
+    "SinkRecoverySuite",
+    "SinkRuntimeSuite",
+    "SinkSuite",
+]
+
 MAX_DESCRIPTOR_BYTES = 64 * 1024
 """The largest commit descriptor a few records may take (see ``_Session.stage``)."""
 _UNREADABLE = "the test context cannot read the destination back (committed_ids() is None)"

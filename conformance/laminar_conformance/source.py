@@ -55,6 +55,14 @@ from laminar_sdk import (
     SourceCheckpoint,
 )
 
+__all__ = [
+    "SourceContractSuite",
+    "SourceRangeReadSuite",
+    "SourceReplaySuite",
+    "SourceRuntimeSuite",
+    "SourceSuite",
+]
+
 # One step of a replay schedule: ("poll", max_records), ("checkpoint", 0), ("crash", 0), or
 # ("append", records per partition) where the context's appends reach a running source.
 _STEPS = st.lists(

@@ -15,7 +15,7 @@ is SIGKILLed at crash points drawn from the ten listed in CONTRIBUTING.md (``qui
 all ten, one after the other) and restarted from its checkpoint location each time; then the
 ids a reader sees are counted: none lost, and none twice with exactly-once delivery.
 
-Each case runs its pipeline in child processes (``python -m laminar_conformance._spark_child``),
+Each case runs its pipeline in child Python processes of the kit's own,
 so a plugin's own tests need nothing of the SDK's. The checks skip, saying why, without
 ``pyspark`` or with ``--laminar-no-spark`` (``laminar conformance run --no-spark``). Importing
 this module does not import ``pyspark``.

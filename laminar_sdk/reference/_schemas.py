@@ -29,6 +29,7 @@ WIDE_SCHEMA = pa.schema(
 """The ``ids`` columns plus a UTC timestamp, a string and a boolean."""
 
 SCHEMAS: Mapping[str, pa.Schema] = {"ids": IDS_SCHEMA, "wide": WIDE_SCHEMA}
+"""The named schemas a ``schema`` key may give (``ids``, ``wide``), by name."""
 
 SCHEMA_KEY = ConfigKeySpec(
     "schema",
