@@ -1,0 +1,65 @@
+"""The plugin's hook implementations: registration, and test contexts for the conformance kit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from laminar_sdk import ConnectorRegistry, hookimpl
+
+from laminar_plugin_postgres._cdc import PostgresCdcSource
+from laminar_plugin_postgres._contexts import (
+    PostgresCdcContext,
+    PostgresSinkContext,
+    PostgresSourceContext,
+)
+from laminar_plugin_postgres._keyset import PostgresKeysetSource
+from laminar_plugin_postgres._sink import PostgresSink
+
+CONNECTOR = "postgres"
+"""The name of the sink and of the keyset source."""
+
+CDC_CONNECTOR = "postgres-cdc"
+"""The name of the change-data-capture source."""
+
+
+@hookimpl
+def laminar_register_connectors(registry: ConnectorRegistry) -> None:
+    """Register the ``postgres`` sink and source and the ``postgres-cdc`` source."""
+    registry.add_sink(
+        CONNECTOR,
+        PostgresSink,
+        config_keys=PostgresSink.CONFIG_KEYS,
+        description=PostgresSink.DESCRIPTION,
+    )
+    registry.add_source(
+        CONNECTOR,
+        PostgresKeysetSource,
+        config_keys=PostgresKeysetSource.CONFIG_KEYS,
+        description=PostgresKeysetSource.DESCRIPTION,
+    )
+    registry.add_source(
+        CDC_CONNECTOR,
+        PostgresCdcSource,
+        config_keys=PostgresCdcSource.CONFIG_KEYS,
+        description=PostgresCdcSource.DESCRIPTION,
+    )
+
+
+@hookimpl
+def laminar_conformance_context(
+    connector: str, role: str, workdir: Path
+) -> PostgresSinkContext | PostgresSourceContext | PostgresCdcContext | None:
+    """A fresh table on the kit's PostgreSQL server (the sink in its default ``append`` mode).
+
+    The server comes from ``laminar_conformance.services.postgres_service()``, started once per
+    process on first use. The modules :mod:`laminar_plugin_postgres.two_phase_context` and
+    :mod:`laminar_plugin_postgres.upsert_context` give the sink's other modes instead
+    (``laminar conformance run postgres --role sink --plugin MODULE``).
+    """
+    if (connector, role) == (CONNECTOR, "sink"):
+        return PostgresSinkContext(workdir)
+    if (connector, role) == (CONNECTOR, "source"):
+        return PostgresSourceContext()
+    if (connector, role) == (CDC_CONNECTOR, "source"):
+        return PostgresCdcContext()
+    return None
