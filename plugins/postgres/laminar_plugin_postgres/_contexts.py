@@ -81,6 +81,21 @@ def _execute(statement: sql.Composable | str, params: Sequence[object] = ()) -> 
         return cursor.fetchall() if cursor.description is not None else []
 
 
+def _drop_table(name: str) -> None:
+    """Drop table ``name`` after ending the sessions that still hold it.
+
+    A sink or source instance that a check abandoned as if its process were killed, but which
+    Python has not collected yet, may still hold an open transaction on the table: its process
+    would be gone, so its session goes now.
+    """
+    _execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_locks "
+        "WHERE relation = to_regclass(%s) AND pid <> pg_backend_pid()",
+        (f'public."{name}"',),
+    )
+    _execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+
+
 def _fresh_name() -> str:
     return f"{_PREFIX}{uuid.uuid4().hex[:16]}"
 
@@ -132,7 +147,7 @@ class PostgresSinkContext:
         ):
             with contextlib.suppress(psycopg.Error):  # committed or rolled back meanwhile
                 _execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-        _execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self._table)))
+        _drop_table(self._table)
         with contextlib.suppress(psycopg.errors.UndefinedTable):
             _execute("DELETE FROM laminar_sink_epochs WHERE sink_id = %s", (sink_id,))
 
@@ -190,7 +205,7 @@ class PostgresSourceContext:
 
     def close(self) -> None:
         """Drop the table."""
-        _execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(self._table)))
+        _drop_table(self._table)
 
 
 def _insert(table: str, columns: list[str], rows: list[tuple[int, ...]]) -> None:
@@ -265,4 +280,4 @@ class PostgresCdcContext:
             _execute("SELECT pg_drop_replication_slot(%s)", (self._table,))
         table = sql.Identifier(self._table)
         _execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(table))
-        _execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        _drop_table(self._table)

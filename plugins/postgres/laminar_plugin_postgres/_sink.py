@@ -476,7 +476,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             committed = await _commit_open_transaction(writer, epoch)
         if not committed:
             await _commit_staged(writer, epoch)
-        await _discard_staged_through(settings, epoch)
+        await _discard_staged(settings, epoch)
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Discard the epoch: roll back its transaction(s) and remove its staged copy.

@@ -65,6 +65,12 @@ class Markers:
 
     async def create(self, session: Session) -> None:
         """Create the marker table when it is missing (concurrent creators tolerated)."""
+        found = await session.execute(
+            "SELECT to_regclass(%s) IS NOT NULL",
+            (str(qualified(self.table).as_string(session.connection)),),
+        )
+        if found[0][0]:
+            return
         statement = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (sink_id text NOT NULL, partition text NOT NULL, "
             "epoch bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(), "

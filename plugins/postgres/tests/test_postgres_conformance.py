@@ -1,0 +1,84 @@
+"""The ``postgres`` connectors adopt the conformance kit's suites, as any plugin would.
+
+The in-process layer of every connector (and of the sink's three modes) runs in the default
+suite with the ``quick`` profile; the Spark layer, which starts two Spark drivers per
+connector, runs under ``full`` (``tox -e full`` also runs ``laminar conformance run`` with
+``--profile full`` for each).
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+from laminar_conformance.sink import SinkSuite
+from laminar_conformance.source import SourceSuite
+from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
+from pyspark import cloudpickle
+
+from laminar_plugin_postgres import two_phase_context, upsert_context
+from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSourceContext
+
+
+class TestPostgresSink(SinkSuite):
+    connector = "postgres"
+
+
+class TestPostgresTwoPhaseSink(SinkSuite):
+    connector = "postgres"
+    plugins = (two_phase_context,)
+
+
+class TestPostgresUpsertSink(SinkSuite):
+    connector = "postgres"
+    plugins = (upsert_context,)
+
+
+class TestPostgresSource(SourceSuite):
+    connector = "postgres"
+
+
+class TestPostgresCdcSource(SourceSuite):
+    connector = "postgres-cdc"
+
+
+@pytest.mark.spark
+@pytest.mark.full
+class TestPostgresSinkOnSpark(SparkSinkSuite):
+    connector = "postgres"
+
+
+@pytest.mark.spark
+@pytest.mark.full
+class TestPostgresTwoPhaseSinkOnSpark(SparkSinkSuite):
+    connector = "postgres"
+    plugins = (two_phase_context,)
+
+
+@pytest.mark.spark
+@pytest.mark.full
+class TestPostgresSourceOnSpark(SparkSourceSuite):
+    connector = "postgres"
+
+
+@pytest.mark.spark
+@pytest.mark.full
+class TestPostgresCdcSourceOnSpark(SparkSourceSuite):
+    connector = "postgres-cdc"
+
+
+@pytest.mark.parametrize("context_type", [PostgresSourceContext, PostgresCdcContext])
+def test_the_source_contexts_can_ship_their_ids_to_spark_executors(context_type):
+    # The kit's Spark layer pickles ids() for the executors; a bound method would drag the
+    # context's connection along, and the layer would be skipped.
+    context = context_type()
+    try:
+        shipped = pickle.loads(cloudpickle.dumps(context.ids))
+        if context_type is PostgresCdcContext:
+            rows = pa.RecordBatch.from_pydict({"after": [{"id": 3}, {"id": 5}]})
+        else:
+            rows = pa.RecordBatch.from_pydict({"id": [3, 5]})
+        assert shipped(rows) == [3, 5]
+    finally:
+        context.close()
