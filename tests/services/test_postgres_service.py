@@ -23,6 +23,7 @@ from laminar_conformance.services import (
     find_postgres_binaries,
     postgres_service,
 )
+from laminar_conformance.services import _postgres as postgres_module
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux", reason="the local launcher runs Linux's PostgreSQL packages"
@@ -76,9 +77,7 @@ def test_a_password_in_the_dsn_variable_is_refused_without_being_shown(dsn):
 
 
 def test_missing_server_binaries_are_a_clear_error(monkeypatch, tmp_path):
-    from laminar_conformance.services import _postgres
-
-    monkeypatch.setattr(_postgres, "_DEBIAN_BINARIES", tmp_path / "none")
+    monkeypatch.setattr(postgres_module, "_DEBIAN_BINARIES", tmp_path / "none")
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ServiceError, match="apt-get install postgresql"):
         find_postgres_binaries()
@@ -118,7 +117,9 @@ def test_a_local_cluster_runs_logical_and_two_phase_and_never_shows_its_password
 @pytest.mark.slow
 def test_the_server_is_stopped_at_once_and_restarted_with_its_committed_data():
     with LocalPostgres() as cluster:
-        service = PostgresService(cluster.dsn, ServiceProvider.LOCAL, cluster.password_file, cluster)
+        service = PostgresService(
+            cluster.dsn, ServiceProvider.LOCAL, cluster.password_file, cluster
+        )
         password = cluster.password_file.read_text().strip()
         with psycopg.connect(cluster.dsn, password=password, autocommit=True) as connection:
             connection.execute("CREATE TABLE kept (id int)")
@@ -135,7 +136,7 @@ def test_the_server_is_stopped_at_once_and_restarted_with_its_committed_data():
 @pytest.mark.slow
 def test_the_server_dies_with_the_process_that_started_it_even_on_sigkill(tmp_path):
     script = textwrap.dedent(
-        f"""
+        """
         import sys, time
         from laminar_conformance.services import LocalPostgres
         cluster = LocalPostgres()
@@ -144,9 +145,7 @@ def test_the_server_dies_with_the_process_that_started_it_even_on_sigkill(tmp_pa
         time.sleep(600)
         """
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True
-    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         data_directory = Path(child.stdout.readline().strip())
         pid = int((data_directory / "postmaster.pid").read_text().splitlines()[0])
@@ -154,6 +153,7 @@ def test_the_server_dies_with_the_process_that_started_it_even_on_sigkill(tmp_pa
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+        child.stdout.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -50,7 +50,7 @@ POSTGRES_DSN_VARIABLE = "LAMINAR_POSTGRES_DSN"
 an existing server instead. It must hold no password: give that in ``PGPASSWORD`` or a passfile
 (``PGPASSFILE``), as libpq reads them."""
 
-POSTGRES_PASSWORD_FILE_VARIABLE = "LAMINAR_POSTGRES_PASSWORD_FILE"
+POSTGRES_PASSWORD_FILE_VARIABLE = "LAMINAR_POSTGRES_PASSWORD_FILE"  # noqa: S105 - a name
 """With ``LAMINAR_POSTGRES_DSN``: a file holding the password (its first line), which the
 Laminar connectors get as ``password.file``."""
 
