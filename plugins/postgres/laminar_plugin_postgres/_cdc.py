@@ -375,6 +375,7 @@ async def _reader(session: Session, settings: CdcSettings) -> _Reader:
 
 
 async def _replica_identity(session: Session, table: TableName, columns: list[Column]) -> list[str]:
+    """The key columns of ``table``'s changes: its primary key, else its replica identity."""
     rows = await session.execute(
         """
         SELECT c.relreplident, (
@@ -389,6 +390,16 @@ async def _replica_identity(session: Session, table: TableName, columns: list[Co
         (table.schema, table.name),
     )
     identity, indexed = rows[0]
+    primary = await session.execute(
+        """
+        SELECT array_agg(a.attname::text ORDER BY a.attnum)
+        FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+        WHERE i.indrelid = to_regclass(%s) AND i.indisprimary
+        """,
+        (f'"{table.schema}"."{table.name}"',),
+    )
+    if primary and primary[0][0]:
+        return [str(name) for name in primary[0][0]]
     if identity == "f":
         return [column.name for column in columns]
     if not indexed:

@@ -442,8 +442,12 @@ async def _count_after(
 async def _key_at(reader: _Reader, index: int, after: list[str] | None, position: int) -> list[str]:
     """The key of the ``position``-th row (1-based) of partition ``index`` after ``after``."""
     query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1 OFFSET {}").format(
+        # Aliased: ORDER BY would sort by an output column of the key's name, as text.
         sql.SQL(", ").join(
-            sql.SQL("{}::text").format(sql.Identifier(column.name)) for column in reader.keys
+            sql.SQL("{}::text AS {}").format(
+                sql.Identifier(column.name), sql.Identifier(f"laminar_key_{position}")
+            )
+            for position, column in enumerate(reader.keys)
         ),
         qualified(reader.settings.table),
         _where(reader, index, after, None),
