@@ -88,13 +88,6 @@ class _RenamedSinkContext(PostgresSinkContext):
         return ConnectorConfig(self._connector, super().config().properties)
 
 
-class _AdvancingCdcContext(PostgresCdcContext):
-    def config(self) -> ConnectorConfig:
-        properties = super().config().properties
-        properties["slot.advance"] = "on-restore"
-        return ConnectorConfig("broken-postgres-slot-advanced-at-read", properties)
-
-
 @hookimpl
 def laminar_conformance_context(connector: str, role: str, workdir: Path) -> object | None:
     if connector in _SINKS and role == "sink":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,66 +28,71 @@ class TestBroken({suite}):
     plugins = (postgres_broken,)
 """
 
-VARIANTS = [
-    pytest.param(
+# Variant, role, the check that must catch it, and what its failure says.
+VARIANTS = {
+    "marker-row-in-a-separate-transaction": (
         "broken-postgres-marker-apart",
         "sink",
         "test_delivery_survives_a_crash_at_each_point_inside_a_call",
         "duplicated ids",
-        id="marker-row-in-a-separate-transaction",
     ),
-    pytest.param(
+    "commit-prepared-not-idempotent-after-a-restart": (
         "broken-postgres-commit-prepared-blindly",
         "sink",
         "test_commit_aggregated_again_after_a_restart_adds_nothing",
         "does not exist",
-        id="commit-prepared-not-idempotent-after-a-restart",
     ),
-    pytest.param(
+    "cdc-slot-advanced-at-read-time": (
         "broken-postgres-slot-advanced-at-read",
         "source",
         "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
         "cannot be read again",
-        id="cdc-slot-advanced-at-read-time",
     ),
-]
+}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("connector", "role", "check", "symptom"), VARIANTS)
-def test_the_quick_profile_catches_the_broken_variant(tmp_path, connector, role, check, symptom):
+def run_check(directory: Path, connector: str, role: str, check: str) -> str:
+    """Run ``check`` of the kit's suite for ``connector`` in a child pytest; its output."""
     module, suite = ("sink", "SinkSuite") if role == "sink" else ("source", "SourceSuite")
-    test_file = tmp_path / "test_broken.py"
+    directory.mkdir()
+    test_file = directory / "test_broken.py"
     test_file.write_text(MODULE.format(module=module, suite=suite, connector=connector))
     environment = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path]),
         "LAMINAR_CONFORMANCE_PROFILE": "quick",
     }
+    command = [sys.executable, "-m", "pytest", str(test_file), "-k", check, "-q", "-x"]
+    command += ["-p", "no:cacheprovider", "--hypothesis-seed=1"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            str(test_file),
-            "-k",
-            check,
-            "-q",
-            "-x",
-            "-p",
-            "no:cacheprovider",
-            "--hypothesis-seed=1",
-            "-W",
-            "ignore::DeprecationWarning",
-        ],
+        command,
         capture_output=True,
         text=True,
         env=environment,
-        cwd=tmp_path,
+        cwd=directory,
         check=False,
         timeout=600,
     )
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-4000:]
+    return f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """Every variant's run, at once (each is one process)."""
+    directory = tmp_path_factory.mktemp("broken")
+    with ThreadPoolExecutor(max_workers=len(VARIANTS)) as pool:
+        started = {
+            name: pool.submit(run_check, directory / name, connector, role, check)
+            for name, (connector, role, check, _) in VARIANTS.items()
+        }
+        return {name: future.result() for name, future in started.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_quick_profile_catches_the_broken_variant(outputs, variant):
+    _, _, check, symptom = VARIANTS[variant]
+    output = outputs[variant]
+    assert output.startswith("exit 1\n"), output[-4000:]
     assert f"FAILED test_broken.py::TestBroken::{check}" in output, output[-4000:]
     assert symptom in output, output[-4000:]
