@@ -4,8 +4,9 @@ Installed, the plugin registers through the ``laminar_sdk.plugins`` entry point 
 
 - ``postgres`` sink (:class:`PostgresSink`) — each epoch exactly once: ``COPY`` and a marker
   row in one transaction (``mode=append``, the default), or ``PREPARE TRANSACTION`` /
-  ``COMMIT PREPARED`` (``mode=two-phase``, each Spark write task preparing its own share); or
-  ``INSERT ... ON CONFLICT`` (``mode=upsert``, idempotent);
+  ``COMMIT PREPARED`` (``mode=two-phase``, each Spark write task preparing its own share);
+- ``postgres-upsert`` sink (:class:`PostgresUpsertSink`) — ``INSERT ... ON CONFLICT`` on a
+  key: idempotent, at least once;
 - ``postgres`` source (:class:`PostgresKeysetSource`) — a table read in the order of a monotonic
   key, replayable, range-readable for parallel reads on Spark;
 - ``postgres-cdc`` source (:class:`PostgresCdcSource`) — a table's inserts, updates and deletes
@@ -22,12 +23,13 @@ from __future__ import annotations
 from laminar_plugin_postgres._cdc import PostgresCdcSource, create_slot, drop_slot
 from laminar_plugin_postgres._keyset import PostgresKeysetSource
 from laminar_plugin_postgres._plugin import laminar_conformance_context, laminar_register_connectors
-from laminar_plugin_postgres._sink import PostgresSink
+from laminar_plugin_postgres._sink import PostgresSink, PostgresUpsertSink
 
 __all__ = [
     "PostgresCdcSource",
     "PostgresKeysetSource",
     "PostgresSink",
+    "PostgresUpsertSink",
     "create_slot",
     "drop_slot",
     "laminar_conformance_context",

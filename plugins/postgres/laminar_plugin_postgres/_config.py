@@ -50,38 +50,40 @@ _TABLE = ConfigKeySpec(
     "table", required=True, description="the table: 'name' or 'schema.name' (default schema public)"
 )
 
+_SINK_ID_KEY = ConfigKeySpec(
+    "sink.id",
+    description="names this sink's epoch markers and prepared transactions; unique per "
+    "pipeline writing to the table, the same across its restarts (default: the table)",
+)
+_SCHEMA = ConfigKeySpec(
+    "schema",
+    description="the batches' columns as 'name type, ...' (Arrow types: 'id int64, "
+    "name string'); default: the table's columns",
+)
+_CREATE = ConfigKeySpec(
+    "table.create",
+    default="false",
+    value_type=bool,
+    description="create the table from schema when it does not exist",
+)
+
 SINK_KEYS: tuple[ConfigKeySpec, ...] = (
     *_CONNECTION_KEYS,
     _TABLE,
     ConfigKeySpec(
         "mode",
         default="append",
-        description="'append' (exactly once: COPY and a marker row in one transaction), "
-        "'two-phase' (exactly once: PREPARE TRANSACTION, parallel on Spark) or 'upsert' "
-        "(INSERT ... ON CONFLICT on key: idempotent, at least once)",
+        description="'append' (COPY and a marker row committed together) or 'two-phase' "
+        "(PREPARE TRANSACTION; each Spark write task prepares its own share)",
     ),
-    ConfigKeySpec("key", description="upsert: the conflict columns, e.g. 'id' or 'tenant, id'"),
-    ConfigKeySpec(
-        "schema",
-        description="the batches' columns as 'name type, ...' (Arrow types: 'id int64, "
-        "name string'); default: the table's columns",
-    ),
-    ConfigKeySpec(
-        "table.create",
-        default="false",
-        value_type=bool,
-        description="create the table from schema when it does not exist",
-    ),
-    ConfigKeySpec(
-        "sink.id",
-        description="names this sink's epoch markers and prepared transactions; unique per "
-        "pipeline writing to the table, the same across its restarts (default: the table)",
-    ),
+    _SCHEMA,
+    _CREATE,
+    _SINK_ID_KEY,
     ConfigKeySpec(
         "marker.table",
         default="laminar_sink_epochs",
-        description="append and two-phase: the table (in the table's schema) recording "
-        "committed epochs; created when missing",
+        description="the table (in the table's schema) recording committed epochs; created "
+        "when missing",
     ),
     ConfigKeySpec(
         "staging.location",
@@ -90,6 +92,19 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
     ),
 )
 """The keys the ``postgres`` sink declares."""
+
+UPSERT_KEYS: tuple[ConfigKeySpec, ...] = (
+    *_CONNECTION_KEYS,
+    _TABLE,
+    ConfigKeySpec(
+        "key",
+        required=True,
+        description="the conflict columns: the table's primary key or a unique index, e.g. 'id'",
+    ),
+    _SCHEMA,
+    _CREATE,
+)
+"""The keys the ``postgres-upsert`` sink declares."""
 
 SOURCE_KEYS: tuple[ConfigKeySpec, ...] = (
     *_CONNECTION_KEYS,
@@ -292,7 +307,9 @@ def parse_schema(text: str, key: str, connector: str) -> pa.Schema:
 
 def _top_level_split(text: str) -> list[str]:
     """``text`` split at the commas outside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         depth += (char in "([<") - (char in ")]>")
         if char == "," and depth == 0:

@@ -104,7 +104,8 @@ class PostgresSinkContext:
     """The ``postgres`` sink in ``mode`` writing a fresh table ``(id bigint)``.
 
     :param workdir: where ``append`` mode stages pre-committed epochs.
-    :param mode: ``append``, ``two-phase`` or ``upsert`` (the table then has a primary key).
+    :param mode: ``append``, ``two-phase``, or ``upsert`` for the ``postgres-upsert`` sink
+        (the table then has a primary key).
     """
 
     def __init__(self, workdir: Path, mode: str = "append") -> None:
@@ -122,11 +123,12 @@ class PostgresSinkContext:
 
     def config(self) -> ConnectorConfig:
         """The sink writing this context's table."""
-        properties = {**self._server.properties(), "table": self._table, "mode": self._mode}
+        properties = {**self._server.properties(), "table": self._table}
+        if self._mode == "upsert":
+            return ConnectorConfig("postgres-upsert", {**properties, "key": "id"})
+        properties["mode"] = self._mode
         if self._mode == "append":
             properties["staging.location"] = str(self._staging)
-        if self._mode == "upsert":
-            properties["key"] = "id"
         return ConnectorConfig("postgres", properties)
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:

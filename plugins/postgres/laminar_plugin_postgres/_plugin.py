@@ -13,10 +13,13 @@ from laminar_plugin_postgres._contexts import (
     PostgresSourceContext,
 )
 from laminar_plugin_postgres._keyset import PostgresKeysetSource
-from laminar_plugin_postgres._sink import PostgresSink
+from laminar_plugin_postgres._sink import PostgresSink, PostgresUpsertSink
 
 CONNECTOR = "postgres"
 """The name of the sink and of the keyset source."""
+
+UPSERT_CONNECTOR = "postgres-upsert"
+"""The name of the upsert sink."""
 
 CDC_CONNECTOR = "postgres-cdc"
 """The name of the change-data-capture source."""
@@ -24,12 +27,18 @@ CDC_CONNECTOR = "postgres-cdc"
 
 @hookimpl
 def laminar_register_connectors(registry: ConnectorRegistry) -> None:
-    """Register the ``postgres`` sink and source and the ``postgres-cdc`` source."""
+    """Register the ``postgres`` sink and source, ``postgres-upsert`` and ``postgres-cdc``."""
     registry.add_sink(
         CONNECTOR,
         PostgresSink,
         config_keys=PostgresSink.CONFIG_KEYS,
         description=PostgresSink.DESCRIPTION,
+    )
+    registry.add_sink(
+        UPSERT_CONNECTOR,
+        PostgresUpsertSink,
+        config_keys=PostgresUpsertSink.CONFIG_KEYS,
+        description=PostgresUpsertSink.DESCRIPTION,
     )
     registry.add_source(
         CONNECTOR,
@@ -52,12 +61,14 @@ def laminar_conformance_context(
     """A fresh table on the kit's PostgreSQL server (the sink in its default ``append`` mode).
 
     The server comes from ``laminar_conformance.services.postgres_service()``, started once per
-    process on first use. The modules :mod:`laminar_plugin_postgres.two_phase_context` and
-    :mod:`laminar_plugin_postgres.upsert_context` give the sink's other modes instead
-    (``laminar conformance run postgres --role sink --plugin MODULE``).
+    process on first use. The module :mod:`laminar_plugin_postgres.two_phase_context` gives
+    the sink's ``two-phase`` mode instead (``laminar conformance run postgres --role sink
+    --plugin laminar_plugin_postgres.two_phase_context``).
     """
     if (connector, role) == (CONNECTOR, "sink"):
         return PostgresSinkContext(workdir)
+    if (connector, role) == (UPSERT_CONNECTOR, "sink"):
+        return PostgresSinkContext(workdir, mode="upsert")
     if (connector, role) == (CONNECTOR, "source"):
         return PostgresSourceContext()
     if (connector, role) == (CDC_CONNECTOR, "source"):

@@ -33,11 +33,13 @@ failed attempt). ``COMMIT PREPARED`` commits one transaction at a time: while th
 an epoch a reader may see some tasks' rows before the others', and after a crash there the
 recovery commits the rest; no epoch stays half-visible.
 
-``mode=upsert``: ``INSERT ... ON CONFLICT (key) DO UPDATE``, idempotent
-------------------------------------------------------------------------
-Each batch is copied into a temporary table and upserted on ``key`` (the last row of a key in
-an epoch wins); ``pre_commit`` commits. An epoch written again after a crash upserts the same
-rows again: the table ends the same (at least once, idempotent).
+The ``postgres-upsert`` sink: ``INSERT ... ON CONFLICT (key) DO UPDATE``, idempotent
+------------------------------------------------------------------------------------
+A connector of its own, since what it promises differs (capabilities are known before the
+configuration is read). Each batch is copied into a temporary table and upserted on ``key``
+(the last row of a key in an epoch wins); ``pre_commit`` commits. An epoch written again
+after a crash upserts the same rows again: the table ends the same (at least once,
+idempotent).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ from laminar_plugin_postgres._client import (
 from laminar_plugin_postgres._config import (
     SINK_KEYS,
     SINK_NAME,
+    UPSERT_KEYS,
     ConnectionSettings,
     TableName,
     choice,
@@ -152,23 +155,20 @@ class SinkSettings:
     staging: StateStore | None
 
 
-def sink_settings(config: ConnectorConfig) -> SinkSettings:
-    """Check the ``postgres`` sink's configuration.
+def sink_settings(config: ConnectorConfig, *, upsert: bool = False) -> SinkSettings:
+    """Check the configuration of the ``postgres`` sink (or ``postgres-upsert``, ``upsert``).
 
     :raises ConfigurationError: naming the key at fault.
     """
-    config = config.validate(SINK_KEYS)
+    config = config.validate(UPSERT_KEYS if upsert else SINK_KEYS)
     connection = connection_settings(config, SINK_NAME)
     table = parse_table(config, SINK_NAME)
-    mode = Mode(choice(config, "mode", tuple(m.value for m in Mode)))
-    key_text = config.get("key")
-    key = parse_columns(key_text, "key", SINK_NAME) if key_text else ()
-    if mode is Mode.UPSERT and not key:
-        raise ConfigurationError(
-            f"{SINK_NAME}: mode=upsert needs key, the columns of the table's primary key or "
-            "unique index rows are matched on",
-            key="key",
-        )
+    if upsert:
+        mode = Mode.UPSERT
+        key = parse_columns(config.require("key"), "key", SINK_NAME)
+    else:
+        mode = Mode(choice(config, "mode", (Mode.APPEND.value, Mode.TWO_PHASE.value)))
+        key = ()
     schema_text = config.get("schema")
     schema = parse_schema(schema_text, "schema", SINK_NAME) if schema_text else None
     if schema is not None:
@@ -190,7 +190,9 @@ def sink_settings(config: ConnectorConfig) -> SinkSettings:
     staging: StateStore | None = None
     if mode is Mode.APPEND:
         staging = _staging(config)
-    marker = identifier(config.require("marker.table"), "marker.table", SINK_NAME)
+    marker = identifier(
+        config.get("marker.table", "laminar_sink_epochs"), "marker.table", SINK_NAME
+    )
     return SinkSettings(
         connection=connection,
         table=table,
@@ -256,16 +258,15 @@ class _Writer:
     schema: pa.Schema
     markers: Markers
     epoch: _OpenEpoch | None = None
-    upsert_ready: bool = False
 
 
 class PostgresSink(SinkConnector, DistributedCommitSink):
-    """Writes batches to a PostgreSQL table, each epoch exactly once (or upserted).
+    """Writes batches to a PostgreSQL table, each epoch exactly once.
 
-    ``mode`` chooses how (see the module documentation): ``append`` (default; exactly once,
-    ``COPY`` and a marker row committed together), ``two-phase`` (exactly once through
-    ``PREPARE TRANSACTION``; a distributed-commit sink on Spark) or ``upsert`` (``INSERT ... ON
-    CONFLICT`` on ``key``; idempotent, at least once).
+    ``mode`` chooses how (see the module documentation): ``append`` (default; ``COPY`` and a
+    marker row committed together) or ``two-phase`` (``PREPARE TRANSACTION``; a
+    distributed-commit sink on Spark). Either way nothing of an epoch is visible before
+    ``commit_epoch``.
 
     The table must exist and take the batches' columns (checked when the sink opens, with an
     error naming the column), unless ``table.create=true`` creates it from ``schema``.
@@ -295,7 +296,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             column.
         :raises ConnectionFailed: when the server cannot be reached.
         """
-        settings = sink_settings(config)
+        settings = sink_settings(config, upsert=self._mode is Mode.UPSERT)
         session = await connect(settings.connection, autocommit=True)
         try:
             schema = await _prepare_table(session, settings)
@@ -325,15 +326,14 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         return self._lifecycle.require("schema").schema
 
     def capabilities(self) -> SinkConnectorCapabilities:
-        """``append``: exactly once; ``two-phase``: also two-phase commit; ``upsert``: idempotent.
+        """Exactly once, and nothing visible before ``commit_epoch`` (two-phase commit).
 
-        Before :meth:`open` (which reads ``mode``), those of the default, ``append``.
+        With ``mode=two-phase`` (known once :meth:`open` read it), also ``partitioned``: Spark's
+        write tasks prepare their shares in parallel.
         """
-        if self._mode is Mode.UPSERT:
-            return SinkConnectorCapabilities().with_idempotent().with_upsert()
-        capabilities = SinkConnectorCapabilities().with_exactly_once()
+        capabilities = SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
         if self._mode is Mode.TWO_PHASE:
-            capabilities = capabilities.with_two_phase_commit().with_partitioned()
+            capabilities = capabilities.with_partitioned()
         return capabilities
 
     def as_distributed_commit(self) -> DistributedCommitSink | None:
@@ -762,14 +762,13 @@ async def _upsert(writer: _Writer, names: list[str], data: bytes) -> None:
     """Copy ``data`` into a temporary table, then upsert it into the table on ``key``."""
     session, settings = writer.session, writer.settings
     staged = sql.Identifier(_UPSERT_TABLE)
-    if not writer.upsert_ready:
-        await session.execute(
-            sql.SQL(
-                "CREATE TEMPORARY TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS, "
-                "laminar_row bigserial)"
-            ).format(staged, qualified(settings.table))
-        )
-        writer.upsert_ready = True
+    # In the epoch's transaction: a rolled-back epoch takes the table with it.
+    await session.execute(
+        sql.SQL(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS, "
+            "laminar_row bigserial)"
+        ).format(staged, qualified(settings.table))
+    )
     await _copy(session, TableName("pg_temp", _UPSERT_TABLE), names, data)
     columns = sql.SQL(", ").join(map(sql.Identifier, names))
     key = sql.SQL(", ").join(map(sql.Identifier, settings.key))
@@ -922,3 +921,26 @@ async def _discard_staged_through(settings: SinkSettings, epoch: int) -> None:
         number = name[len(prefix) :].removesuffix(".arrow")
         if number.isdigit() and int(number) <= epoch:
             await settings.staging.delete(name)
+
+
+class PostgresUpsertSink(PostgresSink):
+    """Upserts batches into a PostgreSQL table on ``key``: idempotent, at least once.
+
+    Each batch is ``INSERT ... ON CONFLICT (key) DO UPDATE`` (the last row of a key in an
+    epoch wins); ``pre_commit`` commits the epoch. An epoch written again after a crash
+    upserts the same rows again, so the table ends as if it were written once. The table
+    needs a primary key or unique index on ``key``.
+    """
+
+    CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = UPSERT_KEYS
+    DESCRIPTION: ClassVar[str] = (
+        "Upserts into a PostgreSQL table (INSERT ... ON CONFLICT): idempotent, at least once"
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._mode = Mode.UPSERT
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """Idempotent upserts (at least once)."""
+        return SinkConnectorCapabilities().with_idempotent().with_upsert()

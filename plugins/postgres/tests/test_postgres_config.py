@@ -31,7 +31,9 @@ def test_the_plugin_registers_its_three_connectors(registry):
         registry.get("postgres-cdc", ConnectorRole.SOURCE).distribution == "laminar-plugin-postgres"
     )
     sink = registry.get("postgres", ConnectorRole.SINK).capability_names()
-    assert sink == ("exactly_once",)
+    assert sink == ("exactly_once", "two_phase_commit")
+    upsert = registry.get("postgres-upsert", ConnectorRole.SINK).capability_names()
+    assert upsert == ("idempotent", "upsert")
     assert "range_readable" in registry.get("postgres", ConnectorRole.SOURCE).capability_names()
 
 
@@ -40,7 +42,8 @@ def test_the_plugin_registers_its_three_connectors(registry):
     [
         ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "merge"}, "mode"),
         ("postgres", "sink", {"dsn": "host=x", "table": "a.b.c"}, "table"),
-        ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "upsert"}, "key"),
+        ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "upsert"}, "mode"),
+        ("postgres-upsert", "sink", {"dsn": "host=x", "table": "t"}, "key"),
         ("postgres", "sink", {"dsn": "host=x", "table": "t", "table.create": "true"}, "schema"),
         (
             "postgres",

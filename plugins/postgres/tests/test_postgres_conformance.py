@@ -17,7 +17,7 @@ from laminar_conformance.source import SourceSuite
 from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 from pyspark import cloudpickle
 
-from laminar_plugin_postgres import two_phase_context, upsert_context
+from laminar_plugin_postgres import two_phase_context
 from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSourceContext
 
 
@@ -31,8 +31,7 @@ class TestPostgresTwoPhaseSink(SinkSuite):
 
 
 class TestPostgresUpsertSink(SinkSuite):
-    connector = "postgres"
-    plugins = (upsert_context,)
+    connector = "postgres-upsert"
 
 
 class TestPostgresSource(SourceSuite):

@@ -64,8 +64,8 @@ def properties(database, table, **extra):
     return {**database.properties(), "table": table, **extra}
 
 
-async def write_epochs(config, epochs, *, start=0):
-    sink, _ = await REGISTRY.open_sink("postgres", config)
+async def write_epochs(config, epochs, *, start=0, connector="postgres"):
+    sink, _ = await REGISTRY.open_sink(connector, config)
     try:
         for number, batches in enumerate(epochs, start=start):
             await sink.begin_epoch(number)
@@ -185,11 +185,13 @@ def test_a_batch_of_another_schema_is_refused_naming_the_column(database, tmp_pa
 def test_upsert_keeps_the_last_row_of_each_key(database):
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text)")
-    config = properties(database, table, mode="upsert", key="id")
+    config = properties(database, table, key="id")
     first = pa.RecordBatch.from_pydict({"id": [1, 2, 1], "v": ["a", "b", "c"]})
     second = pa.RecordBatch.from_pydict({"id": [2, 3], "v": ["B", "C"]})
-    asyncio.run(write_epochs(config, [[first], [second]]))
-    asyncio.run(write_epochs(config, [[second]], start=1))  # a replayed epoch changes nothing
+    asyncio.run(write_epochs(config, [[first], [second]], connector="postgres-upsert"))
+    asyncio.run(
+        write_epochs(config, [[second]], start=1, connector="postgres-upsert")
+    )  # a replayed epoch changes nothing
     assert database.execute(f"SELECT id, v FROM {table} ORDER BY id") == [
         (1, "c"),
         (2, "B"),
@@ -199,7 +201,9 @@ def test_upsert_keeps_the_last_row_of_each_key(database):
     database.tables.append(f"{table}_nokey")
     with pytest.raises(ConfigurationError, match="no primary key or unique index") as caught:
         asyncio.run(
-            write_epochs(properties(database, f"{table}_nokey", mode="upsert", key="id"), [])
+            write_epochs(
+                properties(database, f"{table}_nokey", key="id"), [], connector="postgres-upsert"
+            )
         )
     assert caught.value.key == "key"
 
