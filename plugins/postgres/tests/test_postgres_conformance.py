@@ -1,14 +1,16 @@
 """The ``postgres`` connectors adopt the conformance kit's suites, as any plugin would.
 
-The in-process layer of every connector (and of the sink's three modes) runs in the default
-suite with the ``quick`` profile; the Spark layer, which starts two Spark drivers per
-connector, runs under ``full`` (``tox -e full`` also runs ``laminar conformance run`` with
-``--profile full`` for each).
+The in-process layer of every connector (the ``postgres`` sink in both of its modes) runs in
+the default suite with the ``quick`` profile; the Spark layer, which starts two Spark drivers
+per connector, runs under ``full``, and so do three whole ``laminar conformance run``s in a row
+of each connector, seeds 1 to 3 (``tox -e full`` also runs each with ``--profile full``).
 """
 
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -81,3 +83,30 @@ def test_the_source_contexts_can_ship_their_ids_to_spark_executors(context_type)
         assert shipped(rows) == [3, 5]
     finally:
         context.close()
+
+
+@pytest.mark.slow
+@pytest.mark.full
+@pytest.mark.parametrize("seed", ["1", "2", "3"])
+@pytest.mark.parametrize(
+    ("connector", "role", "plugin"),
+    [
+        ("postgres", "sink", None),
+        ("postgres", "sink", "laminar_plugin_postgres.two_phase_context"),
+        ("postgres-upsert", "sink", None),
+        ("postgres", "source", None),
+        ("postgres-cdc", "source", None),
+    ],
+)
+def test_three_runs_in_a_row_pass(tmp_path, connector, role, plugin, seed):
+    # The whole quick profile through the command a plugin's CI runs, three seeds in a row: a
+    # check that passes only by luck fails one of them.
+    command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
+    command += ["--seed", seed, "--report", str(tmp_path / "report.md")]
+    if plugin is not None:
+        command += ["--plugin", plugin]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=tmp_path, check=False, timeout=3600
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "**Result: PASSED**" in (tmp_path / "report.md").read_text()
