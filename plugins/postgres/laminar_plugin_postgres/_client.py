@@ -9,13 +9,15 @@ as it must).
 
 from __future__ import annotations
 
+import asyncio
+import select
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from laminar_sdk import ConnectionFailed, ConnectorError, TransactionError, WriteError
-from psycopg import sql
+from psycopg import pq, sql
 
 from laminar_plugin_postgres._config import ConnectionSettings, TableName
 
@@ -124,3 +126,64 @@ def transaction_failure(
 def qualified(table: TableName) -> sql.Composed:
     """``"schema"."name"``, quoted."""
     return sql.SQL("{}.{}").format(sql.Identifier(table.schema), sql.Identifier(table.name))
+
+
+_WAIT_S = 1.0  # how long one wait for the server's next bytes lasts before checking again
+
+
+async def copy_out(session: Session, query: sql.Composable) -> bytes:
+    """The whole output of ``COPY (...) TO STDOUT``, read straight from libpq in a thread.
+
+    psycopg hands COPY output over one row per call, each through its asyncio machinery
+    (5 to 9 µs a row here: a million rows took 9 s); this reads libpq's buffer in a tight
+    loop instead, with the connection locked for psycopg meanwhile.
+
+    :raises psycopg.Error: as psycopg would (the server's error, or a lost connection).
+    """
+    statement = query.as_bytes(session.connection)
+    async with session.connection.lock:
+        return await asyncio.to_thread(_copy_out, session.connection.pgconn, statement)
+
+
+def _copy_out(pgconn: pq.abc.PGconn, statement: bytes) -> bytes:
+    pgconn.send_query(statement)
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            break
+        select.select([pgconn.socket], [], [], _WAIT_S)
+    result = pgconn.get_result()
+    if result is None or result.status != pq.ExecStatus.COPY_OUT:
+        _finish(pgconn)
+        raise _result_error(result)
+    parts: list[bytes] = []
+    while True:
+        size, data = pgconn.get_copy_data(1)
+        if size > 0:
+            parts.append(bytes(data))
+        elif size == 0:
+            select.select([pgconn.socket], [], [], _WAIT_S)
+            pgconn.consume_input()
+        else:
+            break
+    final = _finish(pgconn)
+    if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
+        raise _result_error(final)
+    return b"".join(parts)
+
+
+def _finish(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    """Read the results left, returning the first (libpq needs them all read)."""
+    first = pgconn.get_result()
+    while pgconn.get_result() is not None:
+        pass
+    return first
+
+
+def _result_error(result: pq.abc.PGresult | None) -> psycopg.Error:
+    if result is None:
+        return psycopg.OperationalError("the server returned no result")
+    state = result.error_field(pq.DiagnosticField.SQLSTATE)
+    message = (result.error_message or b"").decode(errors="replace").strip()
+    kind = psycopg.errors.lookup(state.decode()) if state else psycopg.OperationalError
+    return kind(message)

@@ -47,7 +47,7 @@ from laminar_sdk import (
 from laminar_sdk.reference._lifecycle import Lifecycle
 from psycopg import sql
 
-from laminar_plugin_postgres._client import Session, connect, failure, qualified
+from laminar_plugin_postgres._client import Session, connect, copy_out, failure, qualified
 from laminar_plugin_postgres._config import (
     SOURCE_KEYS,
     SOURCE_NAME,
@@ -396,17 +396,13 @@ async def _query(
         key=sql.SQL(", ").join(sql.Identifier(column.name) for column in reader.keys),
         limit=sql.Literal(limit),
     )
-    chunks: list[bytes] = []
     try:
-        async with reader.session.connection.cursor() as cursor, cursor.copy(query) as copy:
-            async for chunk in copy:
-                chunks.append(bytes(chunk))
+        data = await copy_out(reader.session, query)
     except psycopg.Error as error:
         raise failure(
             reader.settings.connection, f"read {reader.settings.table}", error, ReadError
         ) from None
     names = [column.name for column in reader.read] + key_names
-    data = b"".join(chunks)
     if not data:
         return _empty(reader), after or []
     batch, last = await asyncio.to_thread(_convert, reader, data, names, key_names)
