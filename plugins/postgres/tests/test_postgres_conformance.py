@@ -1,16 +1,21 @@
 """The ``postgres`` connectors adopt the conformance kit's suites, as any plugin would.
 
-The in-process layer of every connector (the ``postgres`` sink in both of its modes) runs in
-the default suite with the ``quick`` profile; the Spark layer, which starts two Spark drivers
-per connector, runs under ``full``, and so do three whole ``laminar conformance run``s in a row
-of each connector, seeds 1 to 3 (``tox -e full`` also runs each with ``--profile full``).
+Every check of the kit's ``quick`` profile runs, but not all in the default suite, which must
+stay short: there, the ``postgres`` sink (its default ``append`` mode) and both sources run
+every check but the long property-based ones (the epoch-protocol state machine, random fault
+plans, random replay schedules: a minute or two each on a server), which run under ``full``
+with the sink's other modes, the Spark layer (two Spark drivers per connector), and three whole
+``laminar conformance run``s in a row of each connector, seeds 1 to 3. ``tox -e full`` also
+runs each connector with ``--profile full``.
 """
 
 from __future__ import annotations
 
+import functools
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -22,26 +27,63 @@ from pyspark import cloudpickle
 from laminar_plugin_postgres import two_phase_context
 from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSourceContext
 
+LONG_SINK_CHECKS = (
+    "test_epoch_protocol_state_machine",
+    "test_delivery_survives_any_faults",
+    "test_distributed_commit_state_machine",
+    "test_staged_delivery_survives_any_faults",
+)
+LONG_SOURCE_CHECKS = (
+    "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
+    "test_records_appended_while_reading_are_returned_once_across_restores",
+    "test_range_reads_return_exactly_what_polling_returned",
+)
 
+
+def long_checks_in_full(*names: str) -> Callable[[type], type]:
+    """Mark the inherited checks ``names`` of the decorated suite class ``full``.
+
+    Each is wrapped first: marking the kit's own function would mark it for every adopter.
+    """
+
+    def decorate(suite: type) -> type:
+        for name in names:
+            inherited = getattr(suite, name)
+
+            @functools.wraps(inherited)
+            def deferred(self, *args, _check=inherited, **kwargs):
+                return _check(self, *args, **kwargs)
+
+            setattr(suite, name, pytest.mark.full(deferred))
+        return suite
+
+    return decorate
+
+
+@long_checks_in_full(*LONG_SINK_CHECKS)
 class TestPostgresSink(SinkSuite):
     connector = "postgres"
 
 
+@long_checks_in_full(*LONG_SOURCE_CHECKS)
+class TestPostgresSource(SourceSuite):
+    connector = "postgres"
+
+
+@long_checks_in_full(*LONG_SOURCE_CHECKS)
+class TestPostgresCdcSource(SourceSuite):
+    connector = "postgres-cdc"
+
+
+@pytest.mark.full
 class TestPostgresTwoPhaseSink(SinkSuite):
     connector = "postgres"
     plugins = (two_phase_context,)
 
 
+@pytest.mark.full
 class TestPostgresUpsertSink(SinkSuite):
     connector = "postgres-upsert"
-
-
-class TestPostgresSource(SourceSuite):
-    connector = "postgres"
-
-
-class TestPostgresCdcSource(SourceSuite):
-    connector = "postgres-cdc"
 
 
 @pytest.mark.spark
