@@ -6,9 +6,10 @@
 - ``postgres-cdc → files``: a table's changes, read from a replication slot advanced at each
   micro-batch's start (``slot.advance=on-restore``), published as Parquet files exactly once.
 
-Each pipeline runs to its end once in the default suite; ``full`` also kills its driver
-(SIGKILL) once — after epoch 1's commit was decided, or while the source reads it — and
-restarts it. Either way a reader sees every id exactly once.
+Each pipeline runs to its end once, and once more killed (SIGKILL) — after epoch 1's commit
+was decided, or while the source reads it — and restarted: either way a reader sees every id
+exactly once. Each run starts a Spark driver (about half a minute on two cores), so the
+module runs under ``full``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from laminar_plugin_postgres import create_slot
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.slow,
+    pytest.mark.full,
     pytest.mark.skipif(
         importlib.util.find_spec("pyspark") is None, reason="needs laminar-sdk[spark]"
     ),
@@ -124,9 +126,7 @@ def run_killed_then_to_the_end(pipeline: Path, crash_at: str | None) -> None:
     assert run_pipeline(pipeline, log, None) == 0, log.read_text(errors="replace")[-3000:]
 
 
-@pytest.mark.parametrize(
-    "crash_at", [None, pytest.param("commit:1", marks=pytest.mark.full)], ids=["clean", "killed"]
-)
+@pytest.mark.parametrize("crash_at", [None, "commit:1"], ids=["clean", "killed"])
 def test_generator_to_postgres_in_parallel_prepared_transactions(database, tmp_path, crash_at):
     table = database.name("spark_sink")
     pipeline = tmp_path / "pipeline.toml"
@@ -154,7 +154,7 @@ def test_generator_to_postgres_in_parallel_prepared_transactions(database, tmp_p
 
 @pytest.mark.parametrize(
     "crash_at",
-    [None, pytest.param("source-read:1", marks=pytest.mark.full)],
+    [None, "source-read:1"],
     ids=["clean", "killed"],
 )
 def test_postgres_changes_to_files_exactly_once(database, tmp_path, crash_at):
