@@ -52,7 +52,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import psycopg
 import pyarrow as pa
@@ -247,6 +247,7 @@ class _OpenEpoch:
     in_transaction: bool = False
     gid: str | None = None
     batches: list[pa.RecordBatch] = field(default_factory=list)
+    stream: _CopyStream | None = None
 
 
 @dataclass(slots=True)
@@ -399,13 +400,15 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             if writer.settings.mode is Mode.UPSERT:
                 await _upsert(writer, batch.schema.names, data)
             else:
-                await _copy(writer.session, writer.settings.table, batch.schema.names, data)
+                if epoch.stream is None:
+                    epoch.stream = _CopyStream(
+                        writer.session, writer.settings.table, batch.schema.names
+                    )
+                await epoch.stream.write(data)
         except psycopg.Error as error:
             self._errors_total += 1
-            epoch.in_transaction = False
             epoch.phase = _Phase.PRE_COMMITTED  # nothing more may be written to it
-            with contextlib.suppress(psycopg.Error):
-                await writer.session.execute("ROLLBACK")
+            await _abandon(writer, epoch)
             raise _epoch_failure(writer, epoch.number, error) from None
         if writer.settings.mode is Mode.APPEND:
             epoch.batches.append(batch)
@@ -429,10 +432,23 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             raise InvalidState(f"epoch {epoch} being written", f"epoch {epoch} pre-committed")
         settings = writer.settings
         if settings.mode is Mode.APPEND:
-            await _stage(settings, epoch, writer.schema, current.batches)
+            # The server stores the rows while the staged copy is written.
+            copied, staged = await asyncio.gather(
+                _finish_stream(current),
+                _stage(settings, epoch, writer.schema, current.batches),
+                return_exceptions=True,
+            )
+            if isinstance(copied, psycopg.Error):
+                await _abandon(writer, current)
+                await _discard_staged(settings, epoch)
+                raise _epoch_failure(writer, epoch, copied) from None
+            for outcome in (copied, staged):
+                if isinstance(outcome, BaseException):
+                    raise outcome
             crash_point("epoch-staged")
         else:
             try:
+                await _finish_stream(current)
                 if settings.mode is Mode.TWO_PHASE:
                     assert current.gid is not None
                     await writer.markers.record_prepared(writer.session, current.gid, epoch)
@@ -443,9 +459,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
                 else:
                     await writer.session.execute("COMMIT")
             except psycopg.Error as error:
-                current.in_transaction = False
-                with contextlib.suppress(psycopg.Error):
-                    await writer.session.execute("ROLLBACK")
+                await _abandon(writer, current)
                 raise _epoch_failure(writer, epoch, error) from None
             current.in_transaction = False  # prepared (two-phase) or committed (upsert)
         current.phase = _Phase.PRE_COMMITTED
@@ -487,9 +501,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         current = writer.epoch
         if current is not None and current.number == epoch:
             writer.epoch = None
-            if current.in_transaction and not writer.session.broken:
-                with contextlib.suppress(psycopg.Error):
-                    await writer.session.execute("ROLLBACK")
+            await _abandon(writer, current)
         settings = writer.settings
         try:
             if settings.mode is Mode.TWO_PHASE:
@@ -517,27 +529,31 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         settings = writer.settings
         suffix = hashlib.sha256(task.encode()).hexdigest()[:16]
         gid = make_gid(settings.sink_id, epoch, suffix)
+        task_epoch = _OpenEpoch(epoch, _Phase.WRITING)
         try:
             if epoch <= await writer.markers.last_committed(writer.session):
                 async for _ in batches:
                     pass
                 return ""
             await writer.session.execute("BEGIN")
+            task_epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
+            stream = task_epoch.stream = _CopyStream(
+                writer.session, settings.table, writer.schema.names
+            )
             async for batch in batches:
                 _check_schema(batch.schema, writer.schema)
                 data = await asyncio.to_thread(copy_csv, batch)
-                await _copy(writer.session, settings.table, batch.schema.names, data)
+                await stream.write(data)
                 self._records_total += batch.num_rows
                 self._bytes_total += len(data)
+            await stream.finish()
             await writer.markers.record_prepared(writer.session, gid, epoch)
             await writer.session.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         except psycopg.Error as error:
-            with contextlib.suppress(psycopg.Error):
-                await writer.session.execute("ROLLBACK")
+            await _abandon(writer, task_epoch)
             raise failure(settings.connection, f"stage epoch {epoch} ({task})", error) from None
         except BaseException:
-            with contextlib.suppress(psycopg.Error):
-                await writer.session.execute("ROLLBACK")
+            await _abandon(writer, task_epoch)
             raise
         crash_point("task-prepared")
         return gid
@@ -610,6 +626,24 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             errors_total=self._errors_total,
             custom={"epochs_skipped": float(self._epochs_skipped)},
         )
+
+
+async def _finish_stream(epoch: _OpenEpoch) -> None:
+    """End the epoch's ``COPY``, if it began one."""
+    stream, epoch.stream = epoch.stream, None
+    if stream is not None:
+        await stream.finish()
+
+
+async def _abandon(writer: _Writer, epoch: _OpenEpoch) -> None:
+    """Stop the epoch's ``COPY`` and roll its transaction back (the server aborts it)."""
+    stream, epoch.stream = epoch.stream, None
+    if stream is not None:
+        await stream.abandon()
+    if epoch.in_transaction and not writer.session.broken:
+        with contextlib.suppress(psycopg.Error):
+            await writer.session.execute("ROLLBACK")
+    epoch.in_transaction = False
 
 
 async def _live_session(writer: _Writer) -> Session:
@@ -753,6 +787,57 @@ async def _copy(session: Session, table: TableName, names: list[str], data: byte
     )
     async with session.connection.cursor() as cursor, cursor.copy(statement) as copy:
         await copy.write(data)
+
+
+class _CopyStream:
+    """One ``COPY ... FROM STDIN`` for all of an epoch's (or a task's) batches.
+
+    The server parses and stores the rows as they arrive, in its own process, while this one
+    turns the next batch into CSV; a failure the server reports may surface at a later
+    :meth:`write` or only at :meth:`finish`. (psycopg's queued writer would overlap more, but
+    its writer task, left behind by an instance abandoned as a killed process's would be,
+    fails when its event loop closes.)
+    """
+
+    def __init__(self, session: Session, table: TableName, names: list[str]) -> None:
+        self._session = session
+        self._statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+            qualified(table), sql.SQL(", ").join(map(sql.Identifier, names))
+        )
+        self._cursor: psycopg.AsyncCursor[Any] | None = None
+        self._manager: contextlib.AbstractAsyncContextManager[psycopg.AsyncCopy] | None = None
+        self._copy: psycopg.AsyncCopy | None = None
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` (CSV rows), starting the ``COPY`` first if need be."""
+        if self._copy is None:
+            self._cursor = self._session.connection.cursor()
+            manager = self._cursor.copy(self._statement)
+            self._copy = await manager.__aenter__()
+            self._manager = manager  # only a COPY that began is ended
+        await self._copy.write(data)
+
+    async def finish(self) -> None:
+        """End the ``COPY``, waiting until the server stored every row."""
+        manager, self._manager, self._copy = self._manager, None, None
+        if manager is not None:
+            await manager.__aexit__(None, None, None)
+        await self._close_cursor()
+
+    async def abandon(self) -> None:
+        """Stop the ``COPY`` (the server discards it); the transaction must be rolled back."""
+        manager, self._manager, self._copy = self._manager, None, None
+        if manager is not None:
+            stop = InvalidState("the epoch's COPY to go on", "the epoch abandoned")
+            with contextlib.suppress(psycopg.Error, InvalidState):
+                await manager.__aexit__(type(stop), stop, None)
+        await self._close_cursor()
+
+    async def _close_cursor(self) -> None:
+        cursor, self._cursor = self._cursor, None
+        if cursor is not None:
+            with contextlib.suppress(psycopg.Error):
+                await cursor.close()
 
 
 _UPSERT_TABLE = "laminar_upsert"

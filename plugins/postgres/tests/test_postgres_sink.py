@@ -235,8 +235,14 @@ def test_the_connection_dropped_mid_copy_is_a_clear_error_and_commits_nothing(da
             pa.RecordBatch.from_pydict({"id": pa.array([-1], pa.int64()), "payload": ["first"]})
         )
         killer = asyncio.create_task(terminate_the_copy())
-        with pytest.raises(TransactionError) as caught:
+
+        async def write_and_pre_commit():
+            # The COPY streams in the background: the loss surfaces in either call.
             await sink.write_batch(big)
+            await sink.pre_commit(0)
+
+        with pytest.raises(TransactionError) as caught:
+            await write_and_pre_commit()
         await killer
         await sink.rollback_epoch(0)
         # The epoch, written again whole on the same instance, commits once.
