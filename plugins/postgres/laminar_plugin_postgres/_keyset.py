@@ -250,6 +250,12 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
         starts = _keys_of(start, reader)
         offsets = dict(start.offsets)
         async with reader.lock:
+            if max_records is None:
+                for index in range(reader.settings.partitions):
+                    last = await _last_key(reader, index, starts.get(partition_id(index)))
+                    if last is not None:
+                        offsets[partition_id(index)] = json.dumps(last)
+                return SourceCheckpoint(offsets, start.epoch, start.metadata)
             available: dict[int, int] = {}
             for index in range(reader.settings.partitions):
                 available[index] = await _count_after(
@@ -435,16 +441,32 @@ async def _count_after(
     return int(str((await _rows(reader, query))[0][0]))
 
 
+async def _last_key(reader: _Reader, index: int, after: list[str] | None) -> list[str] | None:
+    """The key of the last row of partition ``index`` after ``after``; ``None``: no row."""
+    query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1").format(
+        _key_texts(reader),
+        qualified(reader.settings.table),
+        _where(reader, index, after, None),
+        sql.SQL(", ").join(sql.SQL("{} DESC").format(sql.Identifier(c.name)) for c in reader.keys),
+    )
+    rows = await _rows(reader, query)
+    return [str(value) for value in rows[0]] if rows else None
+
+
+def _key_texts(reader: _Reader) -> sql.Composable:
+    """The key columns as text, aliased: ``ORDER BY`` a key's name would sort the text."""
+    return sql.SQL(", ").join(
+        sql.SQL("{}::text AS {}").format(
+            sql.Identifier(column.name), sql.Identifier(f"laminar_key_{position}")
+        )
+        for position, column in enumerate(reader.keys)
+    )
+
+
 async def _key_at(reader: _Reader, index: int, after: list[str] | None, position: int) -> list[str]:
     """The key of the ``position``-th row (1-based) of partition ``index`` after ``after``."""
     query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1 OFFSET {}").format(
-        # Aliased: ORDER BY would sort by an output column of the key's name, as text.
-        sql.SQL(", ").join(
-            sql.SQL("{}::text AS {}").format(
-                sql.Identifier(column.name), sql.Identifier(f"laminar_key_{position}")
-            )
-            for position, column in enumerate(reader.keys)
-        ),
+        _key_texts(reader),
         qualified(reader.settings.table),
         _where(reader, index, after, None),
         sql.SQL(", ").join(sql.Identifier(column.name) for column in reader.keys),
