@@ -14,7 +14,10 @@ and times, in one Spark session (``local[2]``), all in this run:
 - **laminar keyset source**: the ``postgres`` source (range partitions, read in parallel
   tasks) → Spark's ``noop`` sink, one micro-batch;
 - **spark.read.jdbc**: a partitioned batch read of the same table (``partitionColumn``,
-  ``lowerBound``, ``upperBound``, ``numPartitions``) → ``noop``.
+  ``lowerBound``, ``upperBound``, ``numPartitions``) → ``noop``;
+- for reference, what the SDK's Spark bridge costs without PostgreSQL: the ``generator`` into
+  the SDK's ``null`` sink (the one-process commit path the ``append`` mode takes), and into
+  Spark's ``noop`` sink (a Python source read in parallel tasks).
 
 Each sink variant writes ``--rows`` rows (``id int64, partition int32, value double``) in
 micro-batches of ``--batch-rows``, into an empty table, after an untimed warm-up of
@@ -166,6 +169,21 @@ def spark_jdbc_sink(
     return seconds, table
 
 
+def bridge_floor(spark: SparkSession, args: argparse.Namespace, rows: int, sink: str) -> float:
+    """The generator into the SDK's ``null`` sink (``sink="null"``) or Spark's ``noop``."""
+    with tempfile.TemporaryDirectory(prefix="bench-postgres-") as state:
+        stream = generator(spark, rows, args.partitions, args.batch_rows, Path(state))
+        writer = (
+            stream.writeStream.format("noop")
+            if sink == "noop"
+            else stream.writeStream.format("laminar").option("connector", sink)
+        )
+        started = time.perf_counter()
+        query = writer.option("checkpointLocation", state).trigger(availableNow=True).start()
+        query.awaitTermination()
+        return time.perf_counter() - started
+
+
 def laminar_keyset_read(spark: SparkSession, server: Server, table: str, rows: int) -> float:
     bounds = ",".join(str(rows * i // 2) for i in range(1, 2))
     with tempfile.TemporaryDirectory(prefix="bench-postgres-") as state:
@@ -263,6 +281,9 @@ def run(args: argparse.Namespace) -> None:
             spark_jdbc_read(spark, server, tables["laminar"], args.rows) for _ in range(2)
         )
         report("spark.read.jdbc (2 partitions)", jdbc_read, args.rows)
+
+        report("bridge: generator -> null", bridge_floor(spark, args, args.rows, "null"), args.rows)
+        report("bridge: generator -> noop", bridge_floor(spark, args, args.rows, "noop"), args.rows)
 
         print()
         print(
