@@ -106,6 +106,7 @@ from laminar_plugin_postgres._tables import (
     has_unique_key,
     make_gid,
     prepared_transactions,
+    stale_prepared_transactions,
     table_columns,
 )
 from laminar_plugin_postgres._values import (
@@ -116,6 +117,9 @@ from laminar_plugin_postgres._values import (
 )
 
 logger = logging.getLogger("laminar_plugin_postgres")
+
+STALE_PREPARED_S = 300.0
+"""How old a prepared transaction of the sink must be for health to report it."""
 
 STAGING_SPACE = "sink.postgres"
 """The state-store space of staged epochs under ``staging.location``."""
@@ -597,24 +601,33 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
     # Monitoring -----------------------------------------------------------------------------
 
     async def health_check(self) -> HealthStatus:
-        """Healthy when the server answers; degraded with prepared transactions left behind."""
+        """Healthy when the server answers; degraded while old prepared transactions wait.
+
+        ``two-phase``: a prepared transaction of this sink older than
+        :data:`STALE_PREPARED_S` waits for a commit decision no running pipeline is taking
+        (a crashed run's); it holds its locks, and the WAL, until this sink's next epoch
+        resolves it.
+        """
         writer = self._lifecycle.require("health_check")
         try:
             await writer.session.execute("SELECT 1")
-            orphans = (
-                await prepared_transactions(writer.session, writer.settings.sink_id)
+            stale = (
+                await stale_prepared_transactions(
+                    writer.session, writer.settings.sink_id, STALE_PREPARED_S
+                )
                 if writer.settings.mode is Mode.TWO_PHASE
-                else {}
+                else []
             )
         except psycopg.Error as error:
             return HealthStatus.unhealthy(
                 str(failure(writer.settings.connection, "ask the server", error))
             )
-        if len(orphans) > 1:
+        if stale:
             return HealthStatus.degraded(
-                f"{len(orphans)} prepared transactions of sink {writer.settings.sink_id} wait "
-                "for a commit decision; they hold locks until this sink's next commit resolves "
-                "them"
+                f"{len(stale)} prepared transaction(s) of sink {writer.settings.sink_id} "
+                f"({', '.join(stale[:3])}) have waited over {STALE_PREPARED_S:g}s for a "
+                "commit decision; they hold locks until this sink's next epoch resolves them "
+                "(or ROLLBACK PREPARED them)"
             )
         return HealthStatus.healthy()
 

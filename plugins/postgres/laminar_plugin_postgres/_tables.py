@@ -188,6 +188,20 @@ async def prepared_transactions(session: Session, sink_id: str) -> dict[str, int
     return found
 
 
+async def stale_prepared_transactions(
+    session: Session, sink_id: str, older_than_s: float
+) -> list[str]:
+    """This sink's prepared transactions prepared over ``older_than_s`` seconds ago."""
+    prefix = gid_prefix(sink_id)
+    rows = await session.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND left(gid, length(%s)) = %s AND prepared < now() - make_interval(secs => %s) "
+        "ORDER BY prepared",
+        (prefix, prefix, older_than_s),
+    )
+    return [str(gid) for (gid,) in rows]
+
+
 async def finish_prepared(session: Session, gid: str, *, commit: bool) -> None:
     """``COMMIT PREPARED`` or ``ROLLBACK PREPARED`` ``gid`` (outside any transaction)."""
     verb = "COMMIT PREPARED {}" if commit else "ROLLBACK PREPARED {}"

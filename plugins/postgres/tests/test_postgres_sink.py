@@ -12,11 +12,14 @@ import pytest
 from laminar_sdk import (
     ConfigurationError,
     ConnectorRole,
+    HealthState,
     SchemaMismatch,
     TransactionError,
     load_connector_registry,
 )
 from psycopg import sql
+
+from laminar_plugin_postgres import _sink as sink_module
 
 REGISTRY = load_connector_registry()
 
@@ -286,7 +289,7 @@ def test_two_phase_recovers_orphans_and_reports_them(database):
 
     prepared, health, left = asyncio.run(scenario())
     assert [gid for (gid,) in prepared if gid.startswith(f"laminar:public.{table}:0:")]
-    assert health.is_healthy
+    assert health.is_healthy, "a transaction prepared a moment ago is no cause for concern"
     assert not [gid for (gid,) in left if table in gid]
     assert database.ids(table) == [7, 8]
     markers = database.execute(
@@ -344,3 +347,25 @@ def test_health_and_metrics(database, tmp_path):
     assert json.dumps(metrics.custom)
     assert not list(tmp_path.rglob("*.arrow")), "the committed epoch's staged copy is removed"
     assert REGISTRY.get("postgres", ConnectorRole.SINK)
+
+
+def test_health_reports_prepared_transactions_left_waiting(database, monkeypatch):
+    monkeypatch.setattr(sink_module, "STALE_PREPARED_S", 0.0)
+    table = database.name()
+    database.execute(f"CREATE TABLE {table} (id bigint)")
+    config = properties(database, table, mode="two-phase")
+
+    async def scenario():
+        crashed, _ = await REGISTRY.open_sink("postgres", config)
+        await crashed.begin_epoch(0)
+        await crashed.write_batch(pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())}))
+        await crashed.pre_commit(0)
+        restarted, _ = await REGISTRY.open_sink("postgres", config)
+        try:
+            return await restarted.health_check()
+        finally:
+            await restarted.close()
+
+    health = asyncio.run(scenario())
+    assert health.state is HealthState.DEGRADED
+    assert f"laminar:public.{table}:0:" in health.reason
