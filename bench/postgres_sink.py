@@ -7,8 +7,8 @@ and times, in one Spark session (``local[2]``), all in this run:
 
 - **laminar sink**: the ``generator`` source (``format("laminar")``) → the ``postgres`` sink,
   exactly once (``mode=append``: ``COPY`` and a marker row per micro-batch, in the driver);
-- **laminar sink, two-phase**: the same with ``mode=two-phase`` (each write task prepares its
-  share; the driver commits them), for reference;
+- **laminar sink, two-phase**: the same into the ``postgres-2pc`` sink (each write task
+  prepares its share; the driver commits them), for reference;
 - **Spark JDBC**: the same ``generator`` stream → ``foreachBatch`` + ``df.write.jdbc`` (batched
   ``INSERT``s, at least once) into an identical table;
 - **laminar keyset source**: the ``postgres`` source (range partitions, read in parallel
@@ -133,10 +133,9 @@ def laminar_sink(
         writer = (
             generator(spark, rows, args.partitions, args.batch_rows, Path(state))
             .writeStream.format("laminar")
-            .option("connector", "postgres")
+            .option("connector", "postgres" if mode == "append" else "postgres-2pc")
             .options(**server.connector_options())
             .option("table", table)
-            .option("mode", mode)
             .option("laminar.delivery", "exactly-once")
             .option("checkpointLocation", state)
             .trigger(availableNow=True)

@@ -3,8 +3,9 @@
 Installed, the plugin registers through the ``laminar_sdk.plugins`` entry point (``postgres``):
 
 - ``postgres`` sink (:class:`PostgresSink`) — each epoch exactly once: ``COPY`` and a marker
-  row in one transaction (``mode=append``, the default), or ``PREPARE TRANSACTION`` /
-  ``COMMIT PREPARED`` (``mode=two-phase``, each Spark write task preparing its own share);
+  row in one transaction;
+- ``postgres-2pc`` sink (:class:`PostgresTwoPhaseSink`) — each epoch exactly once through
+  ``PREPARE TRANSACTION`` / ``COMMIT PREPARED``, each Spark write task preparing its share;
 - ``postgres-upsert`` sink (:class:`PostgresUpsertSink`) — ``INSERT ... ON CONFLICT`` on a
   key: idempotent, at least once;
 - ``postgres`` source (:class:`PostgresKeysetSource`) — a table read in the order of a monotonic
@@ -23,12 +24,13 @@ from __future__ import annotations
 from laminar_plugin_postgres._cdc import PostgresCdcSource, create_slot, drop_slot
 from laminar_plugin_postgres._keyset import PostgresKeysetSource
 from laminar_plugin_postgres._plugin import laminar_conformance_context, laminar_register_connectors
-from laminar_plugin_postgres._sink import PostgresSink, PostgresUpsertSink
+from laminar_plugin_postgres._sink import PostgresSink, PostgresTwoPhaseSink, PostgresUpsertSink
 
 __all__ = [
     "PostgresCdcSource",
     "PostgresKeysetSource",
     "PostgresSink",
+    "PostgresTwoPhaseSink",
     "PostgresUpsertSink",
     "create_slot",
     "drop_slot",

@@ -67,15 +67,9 @@ _CREATE = ConfigKeySpec(
     description="create the table from schema when it does not exist",
 )
 
-SINK_KEYS: tuple[ConfigKeySpec, ...] = (
+TWO_PHASE_KEYS: tuple[ConfigKeySpec, ...] = (
     *_CONNECTION_KEYS,
     _TABLE,
-    ConfigKeySpec(
-        "mode",
-        default="append",
-        description="'append' (COPY and a marker row committed together) or 'two-phase' "
-        "(PREPARE TRANSACTION; each Spark write task prepares its own share)",
-    ),
     _SCHEMA,
     _CREATE,
     _SINK_ID_KEY,
@@ -85,10 +79,15 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
         description="the table (in the table's schema) recording committed epochs; created "
         "when missing",
     ),
+)
+"""The keys the ``postgres-2pc`` sink declares."""
+
+SINK_KEYS: tuple[ConfigKeySpec, ...] = (
+    *TWO_PHASE_KEYS,
     ConfigKeySpec(
         "staging.location",
-        description="append: where pre-committed epochs are kept until committed (a directory "
-        "or object-store URI); default: the laminar checkpoint location",
+        description="where pre-committed epochs are kept until committed (a directory or "
+        "object-store URI); default: the laminar checkpoint location",
     ),
 )
 """The keys the ``postgres`` sink declares."""

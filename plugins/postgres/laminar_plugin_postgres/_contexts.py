@@ -101,11 +101,11 @@ def _fresh_name() -> str:
 
 
 class PostgresSinkContext:
-    """The ``postgres`` sink in ``mode`` writing a fresh table ``(id bigint)``.
+    """A sink of the plugin writing a fresh table ``(id bigint)``.
 
-    :param workdir: where ``append`` mode stages pre-committed epochs.
-    :param mode: ``append``, ``two-phase``, or ``upsert`` for the ``postgres-upsert`` sink
-        (the table then has a primary key).
+    :param workdir: where the ``postgres`` sink stages pre-committed epochs.
+    :param mode: ``append`` (the ``postgres`` sink), ``two-phase`` (``postgres-2pc``) or
+        ``upsert`` (``postgres-upsert``; the table then has a primary key).
     """
 
     def __init__(self, workdir: Path, mode: str = "append") -> None:
@@ -126,10 +126,9 @@ class PostgresSinkContext:
         properties = {**self._server.properties(), "table": self._table}
         if self._mode == "upsert":
             return ConnectorConfig("postgres-upsert", {**properties, "key": "id"})
-        properties["mode"] = self._mode
-        if self._mode == "append":
-            properties["staging.location"] = str(self._staging)
-        return ConnectorConfig("postgres", properties)
+        if self._mode == "two-phase":
+            return ConnectorConfig("postgres-2pc", properties)
+        return ConnectorConfig("postgres", {**properties, "staging.location": str(self._staging)})
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
         """One row per id."""

@@ -13,10 +13,13 @@ from laminar_plugin_postgres._contexts import (
     PostgresSourceContext,
 )
 from laminar_plugin_postgres._keyset import PostgresKeysetSource
-from laminar_plugin_postgres._sink import PostgresSink, PostgresUpsertSink
+from laminar_plugin_postgres._sink import PostgresSink, PostgresTwoPhaseSink, PostgresUpsertSink
 
 CONNECTOR = "postgres"
 """The name of the sink and of the keyset source."""
+
+TWO_PHASE_CONNECTOR = "postgres-2pc"
+"""The name of the sink that commits through ``PREPARE TRANSACTION``."""
 
 UPSERT_CONNECTOR = "postgres-upsert"
 """The name of the upsert sink."""
@@ -27,12 +30,22 @@ CDC_CONNECTOR = "postgres-cdc"
 
 @hookimpl
 def laminar_register_connectors(registry: ConnectorRegistry) -> None:
-    """Register the ``postgres`` sink and source, ``postgres-upsert`` and ``postgres-cdc``."""
+    """Register the ``postgres`` sink and source, ``postgres-2pc``, ``-upsert`` and ``-cdc``.
+
+    What a sink offers (exactly once, two-phase commit, upserts, a distributed commit) must be
+    known before its configuration is read, so each way of writing is a connector of its own.
+    """
     registry.add_sink(
         CONNECTOR,
         PostgresSink,
         config_keys=PostgresSink.CONFIG_KEYS,
         description=PostgresSink.DESCRIPTION,
+    )
+    registry.add_sink(
+        TWO_PHASE_CONNECTOR,
+        PostgresTwoPhaseSink,
+        config_keys=PostgresTwoPhaseSink.CONFIG_KEYS,
+        description=PostgresTwoPhaseSink.DESCRIPTION,
     )
     registry.add_sink(
         UPSERT_CONNECTOR,
@@ -58,15 +71,15 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 def laminar_conformance_context(
     connector: str, role: str, workdir: Path
 ) -> PostgresSinkContext | PostgresSourceContext | PostgresCdcContext | None:
-    """A fresh table on the kit's PostgreSQL server (the sink in its default ``append`` mode).
+    """A fresh table on the kit's PostgreSQL server, for any of the plugin's connectors.
 
     The server comes from ``laminar_conformance.services.postgres_service()``, started once per
-    process on first use. The module :mod:`laminar_plugin_postgres.two_phase_context` gives
-    the sink's ``two-phase`` mode instead (``laminar conformance run postgres --role sink
-    --plugin laminar_plugin_postgres.two_phase_context``).
+    process on first use.
     """
     if (connector, role) == (CONNECTOR, "sink"):
         return PostgresSinkContext(workdir)
+    if (connector, role) == (TWO_PHASE_CONNECTOR, "sink"):
+        return PostgresSinkContext(workdir, mode="two-phase")
     if (connector, role) == (UPSERT_CONNECTOR, "sink"):
         return PostgresSinkContext(workdir, mode="upsert")
     if (connector, role) == (CONNECTOR, "source"):

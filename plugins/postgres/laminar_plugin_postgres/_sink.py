@@ -1,7 +1,7 @@
 """The ``postgres`` sink: epochs written to a table exactly once (two ways) or upserted.
 
-``mode=append`` (the default): exactly once with a marker row
---------------------------------------------------------------
+The ``postgres`` sink: exactly once with a marker row
+-----------------------------------------------------
 ``begin_epoch`` reads the sink's marker row and skips an epoch committed before; otherwise it
 opens a transaction, in which ``write_batch`` copies the rows (``COPY ... FROM STDIN``, CSV).
 ``pre_commit`` keeps the epoch's batches durably (an Arrow IPC stream in the laminar checkpoint
@@ -16,8 +16,8 @@ write the epoch commits it from the staged copy: one new transaction, marker fir
 rows. This is why the staged copy exists; it is removed once the epoch is committed or rolled
 back. The server needs nothing special (no prepared transactions).
 
-``mode=two-phase``: PostgreSQL's own two-phase commit
------------------------------------------------------
+The ``postgres-2pc`` sink: PostgreSQL's own two-phase commit
+-----------------------------------------------------------
 The epoch's transaction is named ``laminar:<sink_id>:<epoch>:<suffix>``; ``pre_commit`` inserts a
 marker row named after it and runs ``PREPARE TRANSACTION``: the rows are durable in the server,
 invisible, and survive the crash of any process. ``commit_epoch`` runs ``COMMIT PREPARED``,
@@ -89,10 +89,10 @@ from laminar_plugin_postgres._client import (
 from laminar_plugin_postgres._config import (
     SINK_KEYS,
     SINK_NAME,
+    TWO_PHASE_KEYS,
     UPSERT_KEYS,
     ConnectionSettings,
     TableName,
-    choice,
     connection_settings,
     identifier,
     parse_columns,
@@ -159,20 +159,16 @@ class SinkSettings:
     staging: StateStore | None
 
 
-def sink_settings(config: ConnectorConfig, *, upsert: bool = False) -> SinkSettings:
-    """Check the configuration of the ``postgres`` sink (or ``postgres-upsert``, ``upsert``).
+def sink_settings(config: ConnectorConfig, mode: Mode = Mode.APPEND) -> SinkSettings:
+    """Check the configuration of the sink that writes the ``mode`` way.
 
     :raises ConfigurationError: naming the key at fault.
     """
-    config = config.validate(UPSERT_KEYS if upsert else SINK_KEYS)
+    keys = {Mode.APPEND: SINK_KEYS, Mode.TWO_PHASE: TWO_PHASE_KEYS, Mode.UPSERT: UPSERT_KEYS}
+    config = config.validate(keys[mode])
     connection = connection_settings(config, SINK_NAME)
     table = parse_table(config, SINK_NAME)
-    if upsert:
-        mode = Mode.UPSERT
-        key = parse_columns(config.require("key"), "key", SINK_NAME)
-    else:
-        mode = Mode(choice(config, "mode", (Mode.APPEND.value, Mode.TWO_PHASE.value)))
-        key = ()
+    key = parse_columns(config.require("key"), "key", SINK_NAME) if mode is Mode.UPSERT else ()
     schema_text = config.get("schema")
     schema = parse_schema(schema_text, "schema", SINK_NAME) if schema_text else None
     if schema is not None:
@@ -229,10 +225,10 @@ def _staging(config: ConnectorConfig) -> StateStore:
         return store
     if config.state_store is None:
         raise ConfigurationError(
-            f"{SINK_NAME}: mode=append keeps each pre-committed epoch where a restart of the "
+            f"{SINK_NAME}: the sink keeps each pre-committed epoch where a restart of the "
             "committing process finds it: in the laminar checkpoint location, which this runtime "
             "did not give the sink (on Spark it always does). Set staging.location to a "
-            "directory that survives such a restart, or use mode=two-phase",
+            "directory that survives such a restart, or use the postgres-2pc sink",
             key="staging.location",
         )
     return config.state_store
@@ -265,27 +261,27 @@ class _Writer:
     epoch: _OpenEpoch | None = None
 
 
-class PostgresSink(SinkConnector, DistributedCommitSink):
-    """Writes batches to a PostgreSQL table, each epoch exactly once.
+class PostgresSink(SinkConnector):
+    """Writes batches to a PostgreSQL table, each epoch exactly once: ``COPY`` and a marker row.
 
-    ``mode`` chooses how (see the module documentation): ``append`` (default; ``COPY`` and a
-    marker row committed together) or ``two-phase`` (``PREPARE TRANSACTION``; a
-    distributed-commit sink on Spark). Either way nothing of an epoch is visible before
-    ``commit_epoch``.
+    Nothing of an epoch is visible before ``commit_epoch``, which commits its rows and its
+    marker row in one transaction (see the module documentation). The subclasses write the
+    other ways: :class:`PostgresTwoPhaseSink` and :class:`PostgresUpsertSink`.
 
     The table must exist and take the batches' columns (checked when the sink opens, with an
     error naming the column), unless ``table.create=true`` creates it from ``schema``.
     """
 
+    MODE: ClassVar[Mode] = Mode.APPEND
+    """How the sink writes: fixed by the class, so that what it offers is known unopened."""
     CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = SINK_KEYS
     DESCRIPTION: ClassVar[str] = (
-        "Writes to a PostgreSQL table exactly once (COPY and a marker row, or PREPARE "
-        "TRANSACTION) or by upsert"
+        "Writes to a PostgreSQL table exactly once: COPY and a marker row in one transaction"
     )
 
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[_Writer] = Lifecycle(SINK_NAME)
-        self._mode = Mode.APPEND  # the default, until open() reads the config
+        self._mode = type(self).MODE
         self._records_total = 0
         self._bytes_total = 0
         self._errors_total = 0
@@ -301,7 +297,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             column.
         :raises ConnectionFailed: when the server cannot be reached.
         """
-        settings = sink_settings(config, upsert=self._mode is Mode.UPSERT)
+        settings = sink_settings(config, self._mode)
         session = await connect(settings.connection, autocommit=True)
         try:
             schema = await _prepare_table(session, settings)
@@ -316,7 +312,6 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         except BaseException:
             await session.close()
             raise
-        self._mode = settings.mode
         self._lifecycle.open(_Writer(settings, session, schema, markers))
 
     async def close(self) -> None:
@@ -331,19 +326,8 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         return self._lifecycle.require("schema").schema
 
     def capabilities(self) -> SinkConnectorCapabilities:
-        """Exactly once, and nothing visible before ``commit_epoch`` (two-phase commit).
-
-        With ``mode=two-phase`` (known once :meth:`open` read it), also ``partitioned``: Spark's
-        write tasks prepare their shares in parallel.
-        """
-        capabilities = SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
-        if self._mode is Mode.TWO_PHASE:
-            capabilities = capabilities.with_partitioned()
-        return capabilities
-
-    def as_distributed_commit(self) -> DistributedCommitSink | None:
-        """With ``mode=two-phase``, this sink: each write task prepares its own transaction."""
-        return self if self._mode is Mode.TWO_PHASE else None
+        """Exactly once, and nothing visible before ``commit_epoch`` (two-phase commit)."""
+        return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
 
     # The epoch protocol ---------------------------------------------------------------------
 
@@ -487,7 +471,7 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
         if settings.mode is Mode.UPSERT:
             return  # committed by pre_commit
         if settings.mode is Mode.TWO_PHASE:
-            await self.commit_aggregated(epoch, await _prepared_of(writer, epoch, current))
+            await _commit_prepared(writer, epoch, await _prepared_of(writer, epoch, current))
             return
         committed = False
         if current is not None and current.in_transaction and not writer.session.broken:
@@ -517,86 +501,6 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             raise transaction_failure(
                 settings.connection, f"roll back epoch {epoch}", error
             ) from None
-
-    # Distributed commit (two-phase) -------------------------------------------------------
-
-    async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
-        """Prepare a transaction holding this task's share of ``epoch``; return its id.
-
-        Returns ``""`` (and prepares nothing) for an epoch committed before.
-        """
-        writer = self._lifecycle.require("stage")
-        if writer.settings.mode is not Mode.TWO_PHASE:
-            raise InvalidState(
-                "mode=two-phase for a distributed commit", writer.settings.mode.value
-            )
-        settings = writer.settings
-        suffix = hashlib.sha256(task.encode()).hexdigest()[:16]
-        gid = make_gid(settings.sink_id, epoch, suffix)
-        task_epoch = _OpenEpoch(epoch, _Phase.WRITING)
-        try:
-            if epoch <= await writer.markers.last_committed(writer.session):
-                async for _ in batches:
-                    pass
-                return ""
-            await writer.session.execute("BEGIN")
-            task_epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
-            stream = task_epoch.stream = _CopyStream(
-                writer.session, settings.table, writer.schema.names
-            )
-            async for batch in batches:
-                _check_schema(batch.schema, writer.schema)
-                data = await asyncio.to_thread(copy_csv, batch)
-                await stream.write(data)
-                self._records_total += batch.num_rows
-                self._bytes_total += len(data)
-            await stream.finish()
-            await writer.markers.record_prepared(writer.session, gid, epoch)
-            await writer.session.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
-        except psycopg.Error as error:
-            await _abandon(writer, task_epoch)
-            raise failure(settings.connection, f"stage epoch {epoch} ({task})", error) from None
-        except BaseException:
-            await _abandon(writer, task_epoch)
-            raise
-        crash_point("task-prepared")
-        return gid
-
-    async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
-        """``COMMIT PREPARED`` the named transactions; roll back the epoch's others.
-
-        Idempotent: a named transaction no longer prepared is checked to have committed.
-
-        :raises TransactionError: when a named transaction is neither prepared nor committed
-            (someone ran ``ROLLBACK PREPARED``): its rows are lost.
-        """
-        writer = self._lifecycle.require("commit_aggregated")
-        settings = writer.settings
-        named = [gid for gid in descriptors if gid]
-        session = await _live_session(writer)
-        try:
-            prepared = await prepared_transactions(session, settings.sink_id)
-            missing = [gid for gid in named if gid not in prepared]
-            if missing:
-                committed = await writer.markers.committed_transactions(session, missing)
-                lost = sorted(set(missing) - committed)
-                if lost and await writer.markers.last_committed(session) < epoch:
-                    raise TransactionError(
-                        f"{SINK_NAME}: epoch {epoch} of table {settings.table} must be committed, "
-                        f"but its prepared transaction(s) {lost} are neither prepared nor "
-                        "committed: were they rolled back by hand (ROLLBACK PREPARED)? Their "
-                        "rows cannot be recovered by this sink"
-                    )
-            for gid in named:
-                if gid in prepared:
-                    await finish_prepared(session, gid, commit=True)
-                    crash_point("transaction-committed")
-            for gid, orphan_epoch in prepared.items():
-                if gid not in named and orphan_epoch <= epoch:
-                    await finish_prepared(session, gid, commit=False)
-            await writer.markers.finish_prepared_epoch(session, epoch)
-        except psycopg.Error as error:
-            raise transaction_failure(settings.connection, f"commit epoch {epoch}", error) from None
 
     # Monitoring -----------------------------------------------------------------------------
 
@@ -639,6 +543,39 @@ class PostgresSink(SinkConnector, DistributedCommitSink):
             errors_total=self._errors_total,
             custom={"epochs_skipped": float(self._epochs_skipped)},
         )
+
+
+async def _commit_prepared(writer: _Writer, epoch: int, descriptors: Sequence[str]) -> None:
+    """``COMMIT PREPARED`` the named transactions of ``epoch``; roll back its others.
+
+    :raises TransactionError: when a named transaction is neither prepared nor committed.
+    """
+    settings = writer.settings
+    named = [gid for gid in descriptors if gid]
+    session = await _live_session(writer)
+    try:
+        prepared = await prepared_transactions(session, settings.sink_id)
+        missing = [gid for gid in named if gid not in prepared]
+        if missing:
+            committed = await writer.markers.committed_transactions(session, missing)
+            lost = sorted(set(missing) - committed)
+            if lost and await writer.markers.last_committed(session) < epoch:
+                raise TransactionError(
+                    f"{SINK_NAME}: epoch {epoch} of table {settings.table} must be committed, "
+                    f"but its prepared transaction(s) {lost} are neither prepared nor "
+                    "committed: were they rolled back by hand (ROLLBACK PREPARED)? Their "
+                    "rows cannot be recovered by this sink"
+                )
+        for gid in named:
+            if gid in prepared:
+                await finish_prepared(session, gid, commit=True)
+                crash_point("transaction-committed")
+        for gid, orphan_epoch in prepared.items():
+            if gid not in named and orphan_epoch <= epoch:
+                await finish_prepared(session, gid, commit=False)
+        await writer.markers.finish_prepared_epoch(session, epoch)
+    except psycopg.Error as error:
+        raise transaction_failure(settings.connection, f"commit epoch {epoch}", error) from None
 
 
 async def _finish_stream(epoch: _OpenEpoch) -> None:
@@ -1021,6 +958,80 @@ async def _discard_staged_through(settings: SinkSettings, epoch: int) -> None:
             await settings.staging.delete(name)
 
 
+class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
+    """Writes batches to a PostgreSQL table exactly once through ``PREPARE TRANSACTION``.
+
+    ``pre_commit`` prepares the epoch's transaction, ``commit_epoch`` runs ``COMMIT PREPARED``
+    from any process (see the module documentation). On Spark it is a distributed-commit sink:
+    each write task prepares a transaction of its own with its share of the epoch
+    (:meth:`stage`), and the driver commits them all (:meth:`commit_aggregated`). The server
+    needs ``max_prepared_transactions`` > 0.
+    """
+
+    MODE: ClassVar[Mode] = Mode.TWO_PHASE
+    CONFIG_KEYS: ClassVar[tuple[ConfigKeySpec, ...]] = TWO_PHASE_KEYS
+    DESCRIPTION: ClassVar[str] = (
+        "Writes to a PostgreSQL table exactly once through PREPARE TRANSACTION, each Spark "
+        "write task preparing its share"
+    )
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        """Exactly once, two-phase commit, and ``partitioned``: tasks prepare in parallel."""
+        return super().capabilities().with_partitioned()
+
+    def as_distributed_commit(self) -> DistributedCommitSink:
+        """This sink: each write task prepares its own transaction."""
+        return self
+
+    async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
+        """Prepare a transaction holding this task's share of ``epoch``; return its id.
+
+        Returns ``""`` (and prepares nothing) for an epoch committed before.
+        """
+        writer = self._lifecycle.require("stage")
+        settings = writer.settings
+        suffix = hashlib.sha256(task.encode()).hexdigest()[:16]
+        gid = make_gid(settings.sink_id, epoch, suffix)
+        task_epoch = _OpenEpoch(epoch, _Phase.WRITING)
+        try:
+            if epoch <= await writer.markers.last_committed(writer.session):
+                async for _ in batches:
+                    pass
+                return ""
+            await writer.session.execute("BEGIN")
+            task_epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
+            stream = task_epoch.stream = _CopyStream(
+                writer.session, settings.table, writer.schema.names
+            )
+            async for batch in batches:
+                _check_schema(batch.schema, writer.schema)
+                data = await asyncio.to_thread(copy_csv, batch)
+                await stream.write(data)
+                self._records_total += batch.num_rows
+                self._bytes_total += len(data)
+            await stream.finish()
+            await writer.markers.record_prepared(writer.session, gid, epoch)
+            await writer.session.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
+        except psycopg.Error as error:
+            await _abandon(writer, task_epoch)
+            raise failure(settings.connection, f"stage epoch {epoch} ({task})", error) from None
+        except BaseException:
+            await _abandon(writer, task_epoch)
+            raise
+        crash_point("task-prepared")
+        return gid
+
+    async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
+        """``COMMIT PREPARED`` the named transactions; roll back the epoch's others.
+
+        Idempotent: a named transaction no longer prepared is checked to have committed.
+
+        :raises TransactionError: when a named transaction is neither prepared nor committed
+            (someone ran ``ROLLBACK PREPARED``): its rows are lost.
+        """
+        await _commit_prepared(self._lifecycle.require("commit_aggregated"), epoch, descriptors)
+
+
 class PostgresUpsertSink(PostgresSink):
     """Upserts batches into a PostgreSQL table on ``key``: idempotent, at least once.
 
@@ -1035,9 +1046,7 @@ class PostgresUpsertSink(PostgresSink):
         "Upserts into a PostgreSQL table (INSERT ... ON CONFLICT): idempotent, at least once"
     )
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._mode = Mode.UPSERT
+    MODE: ClassVar[Mode] = Mode.UPSERT
 
     def capabilities(self) -> SinkConnectorCapabilities:
         """Idempotent upserts (at least once)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from laminar_sdk import ConnectorConfig, ConnectorRegistry, SourceBatch, crash_point, hookimpl
 
-from laminar_plugin_postgres import PostgresCdcSource, PostgresSink
+from laminar_plugin_postgres import PostgresCdcSource, PostgresSink, PostgresTwoPhaseSink
 from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSinkContext
 from laminar_plugin_postgres._pgoutput import lsn_text
 from laminar_plugin_postgres._tables import finish_prepared
@@ -32,13 +32,8 @@ class MarkerApart(PostgresSink):
         await writer.markers.record_whole(writer.session, epoch)
 
 
-class CommitPreparedBlindly(PostgresSink):
+class CommitPreparedBlindly(PostgresTwoPhaseSink):
     """Runs ``COMMIT PREPARED`` for every named transaction, committed before or not."""
-
-    async def open(self, config: ConnectorConfig) -> None:
-        await super().open(
-            ConnectorConfig(config.connector_type, {**config.properties, "mode": "two-phase"})
-        )
 
     async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
         writer = self._lifecycle.require("commit_aggregated")

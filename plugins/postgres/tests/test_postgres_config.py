@@ -32,6 +32,13 @@ def test_the_plugin_registers_its_three_connectors(registry):
     )
     sink = registry.get("postgres", ConnectorRole.SINK).capability_names()
     assert sink == ("exactly_once", "two_phase_commit")
+    two_phase = registry.get("postgres-2pc", ConnectorRole.SINK).capability_names()
+    assert two_phase == (
+        "exactly_once",
+        "two_phase_commit",
+        "partitioned",
+        "distributed_commit",
+    )
     upsert = registry.get("postgres-upsert", ConnectorRole.SINK).capability_names()
     assert upsert == ("idempotent", "upsert")
     assert "range_readable" in registry.get("postgres", ConnectorRole.SOURCE).capability_names()
@@ -40,9 +47,14 @@ def test_the_plugin_registers_its_three_connectors(registry):
 @pytest.mark.parametrize(
     ("connector", "role", "properties", "key"),
     [
-        ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "merge"}, "mode"),
+        ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "two-phase"}, "mode"),
+        (
+            "postgres-2pc",
+            "sink",
+            {"dsn": "host=x", "table": "t", "staging.location": "x"},
+            "staging.location",
+        ),
         ("postgres", "sink", {"dsn": "host=x", "table": "a.b.c"}, "table"),
-        ("postgres", "sink", {"dsn": "host=x", "table": "t", "mode": "upsert"}, "mode"),
         ("postgres-upsert", "sink", {"dsn": "host=x", "table": "t"}, "key"),
         ("postgres", "sink", {"dsn": "host=x", "table": "t", "table.create": "true"}, "schema"),
         (

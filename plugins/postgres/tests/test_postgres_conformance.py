@@ -1,11 +1,11 @@
 """The ``postgres`` connectors adopt the conformance kit's suites, as any plugin would.
 
 Every check of the kit's ``quick`` profile runs, but not all in the default suite, which must
-stay short: there, the ``postgres`` sink (its default ``append`` mode) and both sources run
+stay short: there, the ``postgres`` sink and both sources run
 every check but the long property-based ones (the epoch-protocol state machine, random fault
 plans, random replay schedules: a minute or two each on a server; the CDC source's replay
-schedules stay in), which run under ``full``
-with the sink's other modes, the Spark layer (two Spark drivers per connector), and three whole
+schedules stay in), which run under ``full`` with the ``postgres-2pc`` and
+``postgres-upsert`` sinks, the Spark layer (two Spark drivers per connector), and three whole
 ``laminar conformance run``s in a row of each connector, seeds 1 to 3. ``tox -e full`` also
 runs each connector with ``--profile full``.
 """
@@ -25,7 +25,6 @@ from laminar_conformance.source import SourceSuite
 from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 from pyspark import cloudpickle
 
-from laminar_plugin_postgres import two_phase_context
 from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSourceContext
 
 LONG_SINK_CHECKS = (
@@ -82,8 +81,7 @@ class TestPostgresCdcSource(SourceSuite):
 
 @pytest.mark.full
 class TestPostgresTwoPhaseSink(SinkSuite):
-    connector = "postgres"
-    plugins = (two_phase_context,)
+    connector = "postgres-2pc"
 
 
 @pytest.mark.full
@@ -100,8 +98,7 @@ class TestPostgresSinkOnSpark(SparkSinkSuite):
 @pytest.mark.spark
 @pytest.mark.full
 class TestPostgresTwoPhaseSinkOnSpark(SparkSinkSuite):
-    connector = "postgres"
-    plugins = (two_phase_context,)
+    connector = "postgres-2pc"
 
 
 @pytest.mark.spark
@@ -136,22 +133,20 @@ def test_the_source_contexts_can_ship_their_ids_to_spark_executors(context_type)
 @pytest.mark.full
 @pytest.mark.parametrize("seed", ["1", "2", "3"])
 @pytest.mark.parametrize(
-    ("connector", "role", "plugin"),
+    ("connector", "role"),
     [
-        ("postgres", "sink", None),
-        ("postgres", "sink", "laminar_plugin_postgres.two_phase_context"),
-        ("postgres-upsert", "sink", None),
-        ("postgres", "source", None),
-        ("postgres-cdc", "source", None),
+        ("postgres", "sink"),
+        ("postgres-2pc", "sink"),
+        ("postgres-upsert", "sink"),
+        ("postgres", "source"),
+        ("postgres-cdc", "source"),
     ],
 )
-def test_three_runs_in_a_row_pass(tmp_path, connector, role, plugin, seed):
+def test_three_runs_in_a_row_pass(tmp_path, connector, role, seed):
     # The whole quick profile through the command a plugin's CI runs, three seeds in a row: a
     # check that passes only by luck fails one of them.
     command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", role]
     command += ["--seed", seed, "--report", str(tmp_path / "report.md")]
-    if plugin is not None:
-        command += ["--plugin", plugin]
     result = subprocess.run(
         command, capture_output=True, text=True, cwd=tmp_path, check=False, timeout=3600
     )

@@ -45,6 +45,7 @@ INSIDE = {
     "append": ["epoch-staged", "marker-upserted", "epoch-committed"],
     "two-phase": ["transaction-prepared", "transaction-committed"],
 }
+CONNECTORS = {"append": "postgres", "two-phase": "postgres-2pc"}
 QUICK = {("append", "commit"), ("append", "write"), ("two-phase", "commit")}
 
 
@@ -86,11 +87,11 @@ class ServerCrash:
             self.crash()
 
 
-async def run_until_done(properties, store, crash: ServerCrash) -> int:
+async def run_until_done(connector, properties, store, crash: ServerCrash) -> int:
     """Run every epoch, starting the pipeline again after each failure; the restarts."""
     restarts = 0
     while True:
-        sink, _ = await REGISTRY.open_sink("postgres", properties)
+        sink, _ = await REGISTRY.open_sink(connector, properties)
         coordinator = EpochCoordinator(store, {"sink": sink}, policy=POLICY, observer=crash.observe)
         try:
             await coordinator.recover()
@@ -117,14 +118,13 @@ def test_a_server_crash_at_each_step_loses_and_duplicates_nothing(cluster, tmp_p
     properties = {
         **database.properties(),
         "table": table,
-        "mode": mode,
         "sink.id": f"crash-{uuid.uuid4().hex[:8]}",
-        "staging.location": str(tmp_path / "staging"),
+        **({"staging.location": str(tmp_path / "staging")} if mode == "append" else {}),
     }
     crash = ServerCrash(cluster, point)
     store = FileCheckpointer(str(tmp_path / "checkpoints"))
     with injecting_crash_points(crash.reached):
-        restarts = asyncio.run(run_until_done(properties, store, crash))
+        restarts = asyncio.run(run_until_done(CONNECTORS[mode], properties, store, crash))
     assert crash.fired, f"the run never reached {point} of epoch {CRASHED_EPOCH}"
     database = Database(service)
     database.tables.append(table)

@@ -68,6 +68,7 @@ def properties(database, table, **extra):
 
 
 async def write_epochs(config, epochs, *, start=0, connector="postgres"):
+    """Write ``epochs`` (lists of batches) through a new instance of ``connector``."""
     sink, _ = await REGISTRY.open_sink(connector, config)
     try:
         for number, batches in enumerate(epochs, start=start):
@@ -80,17 +81,18 @@ async def write_epochs(config, epochs, *, start=0, connector="postgres"):
         await sink.close()
 
 
-@pytest.mark.parametrize("mode", ["append", "two-phase"])
-def test_every_type_is_written_and_read_back_unchanged(database, tmp_path, mode):
+@pytest.mark.parametrize("connector", ["postgres", "postgres-2pc"])
+def test_every_type_is_written_and_read_back_unchanged(database, tmp_path, connector):
     sink_table, batch = database.name(), pa.RecordBatch.from_pylist(WIDE_ROWS, schema=WIDE)
     config = properties(
         database,
         sink_table,
-        mode=mode,
         schema=",".join(f"{f.name} {_alias(f.type)}" for f in WIDE),
-        **{"table.create": "true", "staging.location": str(tmp_path)},
+        **{"table.create": "true"},
     )
-    asyncio.run(write_epochs(config, [[batch]]))
+    if connector == "postgres":
+        config["staging.location"] = str(tmp_path)
+    asyncio.run(write_epochs(config, [[batch]], connector=connector))
     declared = dict(
         database.execute(
             "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s",
@@ -267,15 +269,15 @@ def test_the_connection_dropped_mid_copy_is_a_clear_error_and_commits_nothing(da
 def test_two_phase_recovers_orphans_and_reports_them(database):
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint)")
-    config = properties(database, table, mode="two-phase")
+    config = properties(database, table)
     batch = pa.RecordBatch.from_pydict({"id": pa.array([7, 8], pa.int64())})
 
     async def scenario():
-        crashed, _ = await REGISTRY.open_sink("postgres", config)
+        crashed, _ = await REGISTRY.open_sink("postgres-2pc", config)
         await crashed.begin_epoch(0)
         await crashed.write_batch(batch)
         await crashed.pre_commit(0)  # prepared; the process dies here, undecided
-        restarted, _ = await REGISTRY.open_sink("postgres", config)
+        restarted, _ = await REGISTRY.open_sink("postgres-2pc", config)
         prepared = database.execute("SELECT gid FROM pg_prepared_xacts")
         health = await restarted.health_check()
         await restarted.begin_epoch(0)  # the runtime replays the undecided epoch
@@ -302,10 +304,10 @@ def test_two_phase_recovers_orphans_and_reports_them(database):
 def test_a_prepared_transaction_rolled_back_by_hand_is_an_error_not_silent_loss(database):
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint)")
-    config = properties(database, table, mode="two-phase")
+    config = properties(database, table)
 
     async def scenario():
-        crashed, _ = await REGISTRY.open_sink("postgres", config)
+        crashed, _ = await REGISTRY.open_sink("postgres-2pc", config)
         await crashed.begin_epoch(0)
         await crashed.write_batch(pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())}))
         await crashed.pre_commit(0)
@@ -313,7 +315,7 @@ def test_a_prepared_transaction_rolled_back_by_hand_is_an_error_not_silent_loss(
             "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{table}%",)
         )[0]
         database.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)))
-        restarted, _ = await REGISTRY.open_sink("postgres", config)
+        restarted, _ = await REGISTRY.open_sink("postgres-2pc", config)
         try:
             await restarted.commit_epoch(0)
         finally:
@@ -353,14 +355,14 @@ def test_health_reports_prepared_transactions_left_waiting(database, monkeypatch
     monkeypatch.setattr(sink_module, "STALE_PREPARED_S", 0.0)
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint)")
-    config = properties(database, table, mode="two-phase")
+    config = properties(database, table)
 
     async def scenario():
-        crashed, _ = await REGISTRY.open_sink("postgres", config)
+        crashed, _ = await REGISTRY.open_sink("postgres-2pc", config)
         await crashed.begin_epoch(0)
         await crashed.write_batch(pa.RecordBatch.from_pydict({"id": pa.array([1], pa.int64())}))
         await crashed.pre_commit(0)
-        restarted, _ = await REGISTRY.open_sink("postgres", config)
+        restarted, _ = await REGISTRY.open_sink("postgres-2pc", config)
         try:
             return await restarted.health_check()
         finally:

@@ -1,8 +1,7 @@
 """PostgreSQL at both ends of real Spark pipelines (``laminar run``, ``local[2]``).
 
-- ``generator → postgres``: the ``postgres`` sink in ``mode=two-phase`` is a
-  distributed-commit sink, so each Spark write task prepares a transaction of its own and the
-  driver commits them all;
+- ``generator → postgres-2pc``: the two-phase sink is a distributed-commit sink, so each Spark
+  write task prepares a transaction of its own and the driver commits them all;
 - ``postgres-cdc → files``: a table's changes, read from a replication slot advanced at each
   micro-batch's start (``slot.advance=on-restore``), published as Parquet files exactly once.
 
@@ -51,11 +50,10 @@ rows = {rows}
 partitions = 2
 
 [sink]
-connector = "postgres"
+connector = "postgres-2pc"
 dsn = "{dsn}"
 "password.file" = "{password_file}"
 table = "{table}"
-mode = "two-phase"
 schema = "id int64, partition int32, value double"
 "table.create" = true
 
