@@ -194,7 +194,7 @@ def test_cdc_advances_the_slot_only_on_restore_and_refuses_an_older_checkpoint(d
     )
     assert [r["after"]["id"] for r in first.records.to_pylist()] == [1, 2, 3]
     assert middle.offsets[table].endswith("+3")
-    assert before == lsn_value(lsn), "reading never moves the slot"
+    assert before == lsn, "reading never moves the slot"
     assert after_middle == before, "the middle of the first transaction: nothing whole yet"
     assert rest == [4, 5, 6, 7, 8]
     assert str(after_end) == end.offsets[table]
@@ -203,10 +203,6 @@ def test_cdc_advances_the_slot_only_on_restore_and_refuses_an_older_checkpoint(d
     assert asyncio.run(drop_slot(config)) is True
     assert asyncio.run(drop_slot(config)) is False
     drop_publication(database, table)
-
-
-def lsn_value(text):
-    return text
 
 
 def test_cdc_health_degrades_when_the_slot_retains_too_much_wal(database):
