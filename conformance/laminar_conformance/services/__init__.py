@@ -21,22 +21,42 @@ from laminar_conformance.services._kafka import (
     resolve_maven_jars,
 )
 from laminar_conformance.services._moto_s3 import S3Endpoint, moto_s3_server
+from laminar_conformance.services._postgres import (
+    POSTGRES_DSN_VARIABLE,
+    POSTGRES_PASSWORD_FILE_VARIABLE,
+    POSTGRES_USER,
+    SERVER_SETTINGS,
+    LocalPostgres,
+    PostgresService,
+    choose_postgres_provider,
+    find_postgres_binaries,
+    postgres_service,
+)
 from laminar_conformance.services._process import ServiceError, die_with_parent, spawn
 
 __all__ = [
     "KAFKA_BOOTSTRAP_VARIABLE",
     "KAFKA_VERSION",
+    "POSTGRES_DSN_VARIABLE",
+    "POSTGRES_PASSWORD_FILE_VARIABLE",
+    "POSTGRES_USER",
+    "SERVER_SETTINGS",
     "KafkaService",
     "LocalKafka",
+    "LocalPostgres",
+    "PostgresService",
     "S3Endpoint",
     "ServiceError",
     "ServiceProvider",
     "choose_kafka_provider",
+    "choose_postgres_provider",
     "die_with_parent",
     "docker_engine_available",
+    "find_postgres_binaries",
     "free_port",
     "kafka_service",
     "moto_s3_server",
+    "postgres_service",
     "resolve_kafka_jars",
     "resolve_maven_jars",
     "spawn",

@@ -319,16 +319,18 @@ _WORKDIR_PREFIX = "laminar-kafka-"
 _IN_USE = ".in-use"  # in a temporary work directory: locked while its launcher lives
 
 
-def _temporary_workdir() -> tuple[Path, int]:
-    """A new temporary work directory, and the descriptor of its lock, held until closed.
+def temporary_workdir(prefix: str) -> tuple[Path, int]:
+    """A new temporary work directory named ``prefix...``, and its lock, held until closed.
+
+    Shared by the launchers of this package (each with a prefix of its own).
 
     First removes the temporary work directories of launchers that died without closing (a
     killed test process): their lock is free. The lock file is locked before it takes its
     name, so no other launcher ever finds it unlocked while its owner lives.
     """
     root = Path(tempfile.gettempdir())
-    _remove_abandoned_workdirs(root)
-    workdir = Path(tempfile.mkdtemp(prefix=_WORKDIR_PREFIX, dir=root))
+    remove_abandoned_workdirs(root, prefix)
+    workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     staged = workdir / f"{_IN_USE}.new"
     lock = os.open(staged, os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -336,9 +338,9 @@ def _temporary_workdir() -> tuple[Path, int]:
     return workdir, lock
 
 
-def _remove_abandoned_workdirs(root: Path) -> None:
-    """Remove this user's launcher work directories in ``root`` whose lock no one holds."""
-    for workdir in root.glob(f"{_WORKDIR_PREFIX}*"):
+def remove_abandoned_workdirs(root: Path, prefix: str) -> None:
+    """Remove this user's work directories ``prefix...`` in ``root`` whose lock no one holds."""
+    for workdir in root.glob(f"{prefix}*"):
         try:
             lock = os.open(workdir / _IN_USE, os.O_RDWR)
         except OSError:  # not a launcher's of this version, or another user's
@@ -376,7 +378,7 @@ class LocalKafka:
         self._version = version
         self._workdir_lock: int | None = None
         if workdir is None:
-            workdir, self._workdir_lock = _temporary_workdir()
+            workdir, self._workdir_lock = temporary_workdir(_WORKDIR_PREFIX)
         self._workdir = workdir
         self._timeout = start_timeout_s
         self._port = free_port()
