@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._pipeline_file import PipelineFile
-from laminar_sdk._spark.options import CHECKPOINT_STORE, DELIVERY, MAX_RECORDS_PER_BATCH
+from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.session import build_session
 
 SOURCE_VIEW = "source"
@@ -36,33 +36,17 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
         **{"spark.ui.showConsoleProgress": "false"},
     )
     spark.sparkContext.setLogLevel("ERROR")
-    delivery = str(pipeline.delivery)
-    checkpoint_location = str(pipeline.checkpoint_location)
-    reader = (
+    frame = (
         spark.readStream.format("laminar")
-        .option("connector", pipeline.source)
-        .options(**pipeline.source_options)
-        .option(DELIVERY, delivery)
-        # Both sides keep what must survive a crash under it (a polled source: its read log).
-        .option("checkpointLocation", checkpoint_location)
+        .options(**pipeline.spark_options(ConnectorRole.SOURCE))
+        .load()
     )
-    if pipeline.max_records_per_batch is not None:
-        reader = reader.option(MAX_RECORDS_PER_BATCH, str(pipeline.max_records_per_batch))
-    if pipeline.checkpoint_store is not None:
-        reader = reader.option(CHECKPOINT_STORE, pipeline.checkpoint_store)
-    frame = reader.load()
     if pipeline.transform_sql is not None:
         frame.createOrReplaceTempView(SOURCE_VIEW)
         frame = spark.sql(pipeline.transform_sql)
-    writer = (
-        frame.writeStream.format("laminar")
-        .option("connector", pipeline.sink)
-        .options(**pipeline.sink_options)
-        .option(DELIVERY, delivery)
-        .option("checkpointLocation", checkpoint_location)
+    writer = frame.writeStream.format("laminar").options(
+        **pipeline.spark_options(ConnectorRole.SINK)
     )
-    if pipeline.checkpoint_store is not None:
-        writer = writer.option(CHECKPOINT_STORE, pipeline.checkpoint_store)
     if pipeline.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
