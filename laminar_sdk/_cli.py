@@ -91,8 +91,11 @@ def _run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
+        decided = spark_run.decided_epochs(pipeline, registry)
         query = spark_run.start_pipeline(pipeline)
-        spark_run.follow(query, lambda progress: print(f"  {progress}", flush=True))
+        spark_run.follow(
+            query, lambda progress: print(f"  {progress}", flush=True), decided_through=decided
+        )
     except KeyboardInterrupt:
         print("laminar: stopped; the next run resumes from the checkpoint", file=sys.stderr)
         return 130

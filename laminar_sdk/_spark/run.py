@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
+from laminar_sdk._checkpointing.recovery import search_latest_valid
 from laminar_sdk._pipeline_file import PipelineFile
-from laminar_sdk._registry import ConnectorRole
+from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
+from laminar_sdk._spark.options import checkpointer_of, parse_options
 from laminar_sdk._spark.session import build_session
 
 SOURCE_VIEW = "source"
@@ -17,14 +21,65 @@ SOURCE_VIEW = "source"
 
 @dataclass(frozen=True, slots=True)
 class EpochProgress:
-    """One micro-batch as Spark reported it: its epoch, rows, and commit time."""
+    """One micro-batch as Spark reported it, and what the sink made of it.
+
+    :param epoch: the epoch, Spark's batch id.
+    :param rows_read: the rows the source delivered (Spark's ``numInputRows``).
+    :param rows_written: the rows handed to the sink, after the transform (the sink's
+        ``numOutputRows``, which Spark counts in the write tasks that succeeded); ``None`` when
+        Spark did not count them.
+    :param rerun: whether this is a micro-batch Spark ran again after a restart, for an epoch
+        whose commit the sink had decided before it: the sink recognises the epoch and writes
+        nothing twice (a commit left unfinished is finished, with what was decided then).
+    :param commit_ms: how long Spark took to hand the micro-batch to the sink and commit it.
+    """
 
     epoch: int
-    rows: int
+    rows_read: int
+    rows_written: int | None
+    rerun: bool
     commit_ms: int
 
     def __str__(self) -> str:
-        return f"epoch {self.epoch}: {self.rows} rows, committed in {self.commit_ms} ms"
+        if self.rerun:
+            return (
+                f"epoch {self.epoch}: {self.rows_read} rows read again after a restart; its "
+                f"commit was decided before, so nothing is written twice ({self.commit_ms} ms)"
+            )
+        written = "?" if self.rows_written is None else str(self.rows_written)
+        return (
+            f"epoch {self.epoch}: {self.rows_read} rows read, {written} written, committed in "
+            f"{self.commit_ms} ms"
+        )
+
+    @classmethod
+    def of(cls, progress: StreamingQueryProgress, *, decided_through: int) -> EpochProgress:
+        """What Spark's ``progress`` of a micro-batch says.
+
+        :param decided_through: the newest epoch decided before the query started (``-1``:
+            none), from :func:`decided_epochs`.
+        """
+        written = progress.sink.numOutputRows
+        return cls(
+            epoch=progress.batchId,
+            rows_read=progress.numInputRows,
+            rows_written=written if written >= 0 else None,
+            rerun=progress.batchId <= decided_through,
+            commit_ms=int(progress.durationMs.get("addBatch", 0)),
+        )
+
+
+def decided_epochs(pipeline: PipelineFile, registry: ConnectorRegistry) -> int:
+    """The newest epoch whose commit the sink's checkpoint location records; ``-1`` for none.
+
+    Read before the query starts: Spark runs the micro-batch of an epoch up to that one again
+    after a crash, and the sink skips it. Damaged checkpoints are passed over, as recovery
+    passes over them (which reports them).
+    """
+    sink = ConnectorRole.SINK
+    options = parse_options(pipeline.spark_options(sink), sink, registry)
+    search = asyncio.run(search_latest_valid(checkpointer_of(options), on_skip=lambda _: None))
+    return -1 if search.recovered is None else search.recovered.manifest.epoch
 
 
 def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
@@ -54,12 +109,15 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
     return writer.start()
 
 
-def follow(query: StreamingQuery, report: Callable[[EpochProgress], None]) -> None:
+def follow(
+    query: StreamingQuery, report: Callable[[EpochProgress], None], *, decided_through: int = -1
+) -> None:
     """Wait for ``query`` to end, reporting each micro-batch once as it completes.
 
     On Ctrl-C the query is stopped: Spark aborts the micro-batch in flight, whose epoch is
     rolled back unless its commit was already decided (then the next start finishes it).
 
+    :param decided_through: :func:`decided_epochs`, read before the query started.
     :raises pyspark.errors.StreamingQueryException: when the query failed.
     """
     reported: set[int] = set()
@@ -69,8 +127,7 @@ def follow(query: StreamingQuery, report: Callable[[EpochProgress], None]) -> No
             for progress in query.recentProgress:
                 if progress.batchId not in reported and progress.numInputRows > 0:
                     reported.add(progress.batchId)
-                    commit_ms = int(progress.durationMs.get("addBatch", 0))
-                    report(EpochProgress(progress.batchId, progress.numInputRows, commit_ms))
+                    report(EpochProgress.of(progress, decided_through=decided_through))
             if finished:
                 return
     except KeyboardInterrupt:
