@@ -102,6 +102,10 @@ def _run(args: argparse.Namespace) -> int:
     except StreamingQueryException as error:
         print(f"laminar: error: the pipeline failed: {error.getMessage()}", file=sys.stderr)
         return 1
+    except spark_run.DRIVER_LOST as error:
+        # py4j's traceback of a vanished JVM says nothing the user can act on.
+        print(f"laminar: error: {spark_run.driver_lost(error)}", file=sys.stderr)
+        return 1
     print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")
     return 0
 

@@ -3,20 +3,60 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from py4j.protocol import Py4JNetworkError
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
+from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._pipeline_file import PipelineFile
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
+from laminar_sdk._spark.faults import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    crash_point,
+    crash_recorded,
+)
 from laminar_sdk._spark.options import checkpointer_of, parse_options
 from laminar_sdk._spark.session import build_session
 
 SOURCE_VIEW = "source"
 """The temporary view a pipeline's SQL transform reads the source from."""
+
+DRIVER_LOST = (Py4JNetworkError, ConnectionError)
+"""What a call into Spark raises once the driver's JVM is gone (killed, or crashed)."""
+
+
+def driver_lost(error: BaseException) -> str:
+    """What to tell the user when a call into Spark raised one of :data:`DRIVER_LOST`.
+
+    When :data:`~laminar_sdk._spark.faults.CRASH_AT_VARIABLE` is set, the kill is most likely
+    the one it asks for, and the message says so — certainly, when the hook's record
+    (:data:`~laminar_sdk._spark.faults.CRASH_RECORD_VARIABLE`) shows it.
+    """
+    cause = f"({type(error).__name__}: {error})"
+    resume = "Nothing committed is lost: run the pipeline again and it resumes from its checkpoint"
+    try:
+        point = crash_point()
+    except ConfigurationError:
+        point = None
+    if point is None:
+        return (
+            f"Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline "
+            f"ran {cause}. {resume}"
+        )
+    record = os.environ.get(CRASH_RECORD_VARIABLE)
+    certainty = "" if record and crash_recorded(point, Path(record)) else "most likely "
+    return (
+        f"{CRASH_AT_VARIABLE}={point} is set, so this is {certainty}the deliberate kill it asks "
+        f"for: the crash hook SIGKILLs Spark's driver (its JVM) at crash point "
+        f"{point.step.number} ({point.step.value!r}) of epoch {point.epoch} {cause}. {resume}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

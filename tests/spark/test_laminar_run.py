@@ -10,7 +10,7 @@ import pytest
 
 from laminar_sdk import load_connector_registry
 from laminar_sdk._pipeline_file import load_pipeline_file
-from laminar_sdk._spark.run import decided_epochs
+from laminar_sdk._spark.run import decided_epochs, driver_lost
 from laminar_sdk.reference import MemorySink
 
 PIPELINE = """
@@ -82,7 +82,12 @@ def test_run_with_an_unknown_connector_fails_before_data_moves(tmp_path: Path) -
 def test_the_quick_start_demo_survives_its_kill_exactly_once(tmp_path: Path) -> None:
     result = laminar("demo", "--workdir", str(tmp_path / "demo"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "laminar demo: killed (exit status" in result.stdout
+    assert "laminar demo: killed on purpose, as planned: the crash hook SIGKILLed" in result.stdout
+    killed_run = (tmp_path / "demo" / "killed-run.log").read_text()
+    assert "Traceback" not in killed_run, "the lost driver is one line, not py4j's traceback"
+    assert killed_run.splitlines()[-1].startswith(
+        "laminar: error: LAMINAR_SPARK_CRASH_AT=commit:2 is set, so this is the deliberate kill"
+    )
     rerun = "epoch 2: 20000 rows read again after a restart; its commit was decided before"
     assert rerun in result.stdout, "the micro-batch killed in its commit ran again, not twice"
     assert "exactly once: nothing lost, nothing doubled" in result.stdout
@@ -91,3 +96,24 @@ def test_the_quick_start_demo_survives_its_kill_exactly_once(tmp_path: Path) -> 
     assert "the conformance kit's quick profile on the 'files' sink" in result.stdout
     assert "every applicable check passed" in result.stdout
     assert not list((tmp_path / "demo").glob("spark-tmp-*")), "the killed run's files were left"
+
+
+def test_a_lost_driver_is_one_line_that_names_a_deliberate_kill(tmp_path, monkeypatch):
+    lost = ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.delenv("LAMINAR_SPARK_CRASH_AT", raising=False)
+    monkeypatch.delenv("LAMINAR_SPARK_CRASH_RECORD", raising=False)
+    assert driver_lost(lost).startswith(
+        "Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline ran "
+        "(ConnectionRefusedError: [Errno 111] Connection refused). Nothing committed is lost"
+    )
+    monkeypatch.setenv("LAMINAR_SPARK_CRASH_AT", "commit:2")
+    expected = "LAMINAR_SPARK_CRASH_AT=commit:2 is set, so this is {}the deliberate kill it asks"
+    assert driver_lost(lost).startswith(expected.format("most likely "))
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("LAMINAR_SPARK_CRASH_RECORD", str(record))
+    record.write_text('{"crash": "commit:1", "pid": 1, "at": "step commit", "torn": null}\n')
+    assert driver_lost(lost).startswith(expected.format("most likely ")), "another point"
+    record.write_text('{"crash": "commit:2", "pid": 1, "at": "step commit", "torn": null}\n')
+    message = driver_lost(lost)
+    assert message.startswith(expected.format(""))
+    assert "at crash point 5 ('commit') of epoch 2" in message
