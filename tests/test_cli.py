@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,15 @@ def test_run_check_never_imports_pyspark(tmp_path):
         [sys.executable, "-c", program], capture_output=True, text=True, check=True
     )
     assert result.stdout.splitlines()[-1] == "0 []"
+
+
+def test_run_help_and_the_readme_state_the_same_rule_for_relative_paths(capsys):
+    rule = "Relative paths resolve against the pipeline file's directory"
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    for text in (help_text, readme):
+        assert rule in text
+        assert "declares as a path" in text
+        assert "`laminar run --check PIPELINE.toml` checks the file without starting Spark" in text
