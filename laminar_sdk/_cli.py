@@ -11,7 +11,7 @@ from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
 from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
-from laminar_sdk._pipeline_check import CheckedItem, check_pipeline
+from laminar_sdk._pipeline_check import check_pipeline
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
@@ -70,7 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     checked = check_pipeline(pipeline, registry)
     if args.check:
         print(f"laminar: checked {pipeline.path} (Spark not started):")
-        print(_indented(format_table([("CHECK", "FOUND"), *_rows(checked)])))
+        table = format_table([("CHECK", "FOUND"), *((i.what, i.finding) for i in checked)])
+        print("\n".join(f"  {line}" for line in table.splitlines()))
         print(f"laminar: {pipeline.path.name} is valid")
         return 0
     for item in checked:
@@ -108,14 +109,6 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")
     return 0
-
-
-def _rows(checked: list[CheckedItem]) -> list[tuple[str, str]]:
-    return [(item.what, item.finding) for item in checked]
-
-
-def _indented(text: str) -> str:
-    return "\n".join(f"  {line}" for line in text.splitlines())
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -203,7 +203,7 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
     for section in document:
         if section not in _SECTIONS:
             raise _fail(path, section, f"unknown section; use {', '.join(sorted(_SECTIONS))}")
-    registry = registry or load_connector_registry()
+    registry = load_connector_registry() if registry is None else registry
     source, source_options = _connector(path, document, "source", ConnectorRole.SOURCE, registry)
     sink, sink_options = _connector(path, document, "sink", ConnectorRole.SINK, registry)
     transform = document.get("transform", {})
