@@ -50,4 +50,3 @@ def test_spark_reads_the_sink_directory_as_it_is(
     assert set(frame.columns) == {"id", "partition", "value", "epoch"}
     rows = sorted((row.id, row.epoch) for row in frame.select("id", "epoch").collect())
     assert rows == [(0, 0), (1, 0), (2, 0), (3, 2), (4, 2)], "published epochs only"
-    assert frame.where("epoch = 2").count() == 2, "the epoch column prunes partitions"
