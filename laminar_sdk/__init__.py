@@ -37,7 +37,13 @@ from laminar_sdk._checkpointing.registry import (
     store_for_location,
 )
 from laminar_sdk._checkpointing.retention import PruneResult, prune_checkpoints
-from laminar_sdk._config import REDACTED, ConfigKeySpec, ConnectorConfig, parse_bool
+from laminar_sdk._config import (
+    REDACTED,
+    ConfigKeySpec,
+    ConnectorConfig,
+    PathKind,
+    parse_bool,
+)
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._coordinator import (
     EpochCoordinator,
@@ -159,6 +165,7 @@ __all__ = [
     "PartitionInfo",
     "PartitionRange",
     "PartitionSnapshotEntry",
+    "PathKind",
     "Pipeline",
     "PipelineReport",
     "PipelineSpec",

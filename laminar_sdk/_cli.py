@@ -11,6 +11,7 @@ from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
 from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
+from laminar_sdk._pipeline_check import check_pipeline
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole, ConnectorSpec
@@ -53,7 +54,9 @@ def _plugins_show(args: argparse.Namespace) -> int:
     rows = [("KEY", "TYPE", "REQUIRED", "DEFAULT", "DESCRIPTION")]
     for key in spec.config_keys:
         marks = "yes" if key.required else "no"
-        description = f"{key.description} [secret]" if key.secret else key.description
+        tags = [f"path, {key.path.value}"] if key.path is not None else []
+        tags += ["secret"] if key.secret else []
+        description = " ".join([key.description, *(f"[{tag}]" for tag in tags)]).strip()
         default = "" if key.default is None else key.default
         rows.append((key.name, key.value_type.__name__, marks, default, description))
     print("  config keys:")
@@ -62,7 +65,18 @@ def _plugins_show(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    pipeline = load_pipeline_file(Path(args.pipeline))
+    registry = load_connector_registry()
+    pipeline = load_pipeline_file(Path(args.pipeline), registry=registry)
+    checked = check_pipeline(pipeline, registry)
+    if args.check:
+        print(f"laminar: checked {pipeline.path} (Spark not started):")
+        table = format_table([("CHECK", "FOUND"), *((i.what, i.finding) for i in checked)])
+        print("\n".join(f"  {line}" for line in table.splitlines()))
+        print(f"laminar: {pipeline.path.name} is valid")
+        return 0
+    for item in checked:
+        if item.what == "warning":
+            print(f"laminar: warning: {item.finding}", file=sys.stderr)
     try:
         from laminar_sdk._spark import run as spark_run  # noqa: PLC0415 - pyspark only here
     except ImportError as error:
@@ -78,13 +92,20 @@ def _run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
+        decided = spark_run.decided_epochs(pipeline, registry)
         query = spark_run.start_pipeline(pipeline)
-        spark_run.follow(query, lambda progress: print(f"  {progress}", flush=True))
+        spark_run.follow(
+            query, lambda progress: print(f"  {progress}", flush=True), decided_through=decided
+        )
     except KeyboardInterrupt:
         print("laminar: stopped; the next run resumes from the checkpoint", file=sys.stderr)
         return 130
     except StreamingQueryException as error:
         print(f"laminar: error: the pipeline failed: {error.getMessage()}", file=sys.stderr)
+        return 1
+    except spark_run.DRIVER_LOST as error:
+        # py4j's traceback of a vanished JVM says nothing the user can act on.
+        print(f"laminar: error: {spark_run.driver_lost(error)}", file=sys.stderr)
         return 1
     print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")
     return 0
@@ -136,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("pipeline", help="the pipeline file (TOML)")
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="check the file without starting Spark: plugins found, options valid, paths "
+        "resolved, delivery guarantee possible; exit status 2 naming the key otherwise",
+    )
     run.set_defaults(handler=_run)
 
     demo = commands.add_parser(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import enum
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,24 @@ _PARSERS: dict[type, Callable[[str], object]] = {
 }
 
 
+class PathKind(enum.Enum):
+    """Marks a configuration key whose value is a local file or directory, and what it needs.
+
+    Give it as :attr:`ConfigKeySpec.path`. In a pipeline file (``laminar run``), a relative
+    value of such a key resolves against the pipeline file's directory, as
+    ``checkpoint_location`` does, and the connector receives the absolute path; a value that
+    is a URI (``s3://...``; ``file://`` URIs are local) is passed unchanged.
+    """
+
+    MUST_EXIST = "must exist"
+    """The file or directory must be there before the pipeline starts (what a source reads,
+    a database file): ``laminar run`` and ``laminar run --check`` fail, naming the key and the
+    resolved path, when it is not."""
+
+    MAY_CREATE = "may be created"
+    """The connector creates the file or directory when it is missing (what a sink writes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigKeySpec:
     """One configuration key a connector accepts.
@@ -59,6 +78,11 @@ class ConfigKeySpec:
     :param secret: whether the value must never be shown; it is rendered as ``***``.
     :param description: one line for ``laminar plugins show``.
     :param value_type: ``str``, ``int``, ``float`` or ``bool``; the value must parse as one.
+    :param path: marks a key whose value is a local file or directory (a ``str`` key):
+        :attr:`PathKind.MUST_EXIST` or :attr:`PathKind.MAY_CREATE`. Pipeline files resolve
+        its relative values against their own directory, and check that a ``MUST_EXIST``
+        path exists before Spark starts (see :class:`PathKind`). ``None``: not a path; its
+        value is passed as written.
     """
 
     name: str
@@ -67,6 +91,7 @@ class ConfigKeySpec:
     secret: bool = False
     description: str = ""
     value_type: type = str
+    path: PathKind | None = None
 
     def __post_init__(self) -> None:
         if self.value_type not in _PARSERS:
@@ -76,6 +101,16 @@ class ConfigKeySpec:
             )
         if self.required and self.default is not None:
             raise TypeError(f"ConfigKeySpec {self.name!r}: a required key cannot have a default")
+        if self.path is not None and not isinstance(self.path, PathKind):
+            raise TypeError(
+                f"ConfigKeySpec {self.name!r}: path must be PathKind.MUST_EXIST, "
+                f"PathKind.MAY_CREATE or None, got {self.path!r}"
+            )
+        if self.path is not None and self.value_type is not str:
+            raise TypeError(
+                f"ConfigKeySpec {self.name!r}: a path key holds text (value_type str), "
+                f"not {self.value_type.__name__}"
+            )
 
 
 def is_secret_key(key: str) -> bool:

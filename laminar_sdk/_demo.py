@@ -2,9 +2,10 @@
 
 It writes a pipeline file (the ``generator`` source feeding the ``files`` sink of
 laminar-plugin-files, Parquet, exactly-once, with the embedded ``file`` checkpoint store),
-runs it with ``laminar run`` in a child process that is killed with SIGKILL in the middle of an
-epoch — after the epoch's commit was decided, before it was published — runs it again, and
-counts every id a reader of the Parquet files sees. Then it runs the conformance kit's
+runs it with ``laminar run`` in a child process whose Spark driver the crash hook kills with
+SIGKILL in the middle of an epoch — after the epoch's commit was decided, before it was
+published; the hook's record proves the kill was the planned one — runs it again, and counts
+every id a reader of the Parquet files sees. Then it runs the conformance kit's
 ``quick`` profile on the files plugin's sink and prints the report.
 """
 
@@ -23,15 +24,23 @@ import pyarrow.dataset as ds
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole
-from laminar_sdk._spark.faults import CRASH_AT_VARIABLE
+from laminar_sdk._spark.faults import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    CrashPoint,
+    CrashStep,
+    crash_recorded,
+)
 from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 from laminar_sdk._terminal import format_table
 
 ROWS_PER_PARTITION = 50_000
 PARTITIONS = 2
 RECORDS_PER_EPOCH = 20_000
-CRASH_EPOCH = 2
-CRASH_STEP = "commit"
+CRASH_POINT = CrashPoint(CrashStep.COMMIT, epoch=2)
+CRASH_WHERE = (
+    "after the epoch's commit was decided (its manifest is durable), before it was published"
+)
 SINK_CONNECTOR = "files"
 SINK_DISTRIBUTION = "laminar-plugin-files"
 
@@ -73,17 +82,27 @@ def _require_files_plugin() -> None:
 
 
 def _laminar(
-    arguments: Sequence[str], work: Path, *, crash_at: str | None = None, log: Path | None = None
+    arguments: Sequence[str],
+    work: Path,
+    *,
+    crash_at: CrashPoint | None = None,
+    crash_record: Path | None = None,
+    log: Path | None = None,
 ) -> int:
     """``laminar ARGUMENTS`` in a child process; its Spark's temporary files in ``work``.
 
     They are removed when it ends: a driver killed by the crash hook leaves them behind.
+
+    :param crash_at: where the crash hook kills the pipeline; it records the kill in
+        ``crash_record``.
     """
     temporary = Path(tempfile.mkdtemp(prefix="spark-tmp-", dir=work))
     environment = spark_temporary_files_in(temporary)
     environment.pop(CRASH_AT_VARIABLE, None)
-    if crash_at is not None:
-        environment[CRASH_AT_VARIABLE] = crash_at
+    environment.pop(CRASH_RECORD_VARIABLE, None)
+    if crash_at is not None and crash_record is not None:
+        environment[CRASH_AT_VARIABLE] = str(crash_at)
+        environment[CRASH_RECORD_VARIABLE] = str(crash_record)
     command = [sys.executable, "-m", "laminar_sdk", *arguments]
     try:
         if log is None:
@@ -113,12 +132,26 @@ def _run_pipeline(work: Path, total: int) -> bool:
     sink = work / "sink"
     _say(f"pipeline file {pipeline}: {total} rows in epochs of {RECORDS_PER_EPOCH}")
 
-    _say(f"1/4 running it, to be killed (SIGKILL) in epoch {CRASH_EPOCH} at step {CRASH_STEP!r}")
+    step = CRASH_POINT.step
+    _say(
+        f"1/4 running it, to be killed (SIGKILL) in epoch {CRASH_POINT.epoch} at crash point "
+        f"{step.number} ({step.value!r}): {CRASH_WHERE}"
+    )
     log = work / "killed-run.log"
-    status = _laminar(["run", str(pipeline)], work, crash_at=f"{CRASH_STEP}:{CRASH_EPOCH}", log=log)
+    record = work / "crash-record.jsonl"
+    status = _laminar(
+        ["run", str(pipeline)], work, crash_at=CRASH_POINT, crash_record=record, log=log
+    )
+    if not crash_recorded(CRASH_POINT, record):
+        _say(f"the planned kill did not happen (exit status {status}); see {log}")
+        return False
     visible = len(published_ids(sink))
-    _say(f"killed (exit status {status}, its output is in {log.name}); {visible} of {total} rows")
-    _say(f"were visible to readers of {sink} then")
+    _say(
+        f"killed on purpose, as planned: the crash hook SIGKILLed Spark's driver at crash point "
+        f"{step.number} of epoch {CRASH_POINT.epoch}, so `laminar run` lost its driver and "
+        f"exited with status {status}; its output, ending with that error, is in {log.name}"
+    )
+    _say(f"{visible} of {total} rows were visible to readers of {sink} then")
 
     _say("2/4 running it again: it resumes from the checkpoint")
     status = _laminar(["run", str(pipeline)], work)

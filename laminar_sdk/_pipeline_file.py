@@ -11,7 +11,7 @@ A pipeline file names a source, an optional Spark SQL transform, a sink, and how
 
     [sink]
     connector = "memory"
-    path = "out"
+    path = "out"                # a path key: relative to this file's directory
 
     [pipeline]
     delivery = "exactly-once"         # or "at-least-once" (the default)
@@ -22,8 +22,16 @@ A pipeline file names a source, an optional Spark SQL transform, a sink, and how
     interval_s = 1.0
     max_records_per_batch = 100000
 
-Relative paths (``checkpoint_location``, and connector values of keys named ``path``) are
-resolved against the file's directory, so a pipeline runs the same from any working directory.
+Relative paths resolve against the pipeline file's directory, so a pipeline runs the same
+from any working directory. That holds for `checkpoint_location` and for every connector key
+its connector declares as a path (`laminar plugins show NAME` marks those [path, ...]); the
+connector receives the absolute path. A path key marked "must exist" that names nothing is
+an error naming the key and the resolved path, before Spark starts. URIs (s3://...) are
+passed unchanged, as are the values of keys that are not paths.
+
+`laminar run --check PIPELINE.toml` checks the file without starting Spark: the plugins are
+found, every option is declared and of its type, required ones are given, path keys resolve,
+and the connectors can keep the delivery guarantee. `laminar run` makes the same checks first.
 """
 
 from __future__ import annotations
@@ -34,7 +42,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laminar_sdk._config import PathKind
 from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._plugins import load_connector_registry
+from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._spark.options import (
+    CHECKPOINT_STORE,
+    CONNECTOR_OPTION,
+    DELIVERY,
+    MAX_RECORDS_PER_BATCH,
+    SPARK_CHECKPOINT_LOCATION,
+)
 from laminar_sdk._types import DeliveryGuarantee
 
 TRIGGERS = ("available-now", "continuous")
@@ -53,7 +71,10 @@ _PIPELINE_KEYS = {
 
 @dataclass(frozen=True, slots=True)
 class PipelineFile:
-    """A parsed pipeline file; see the module documentation for the format."""
+    """A parsed pipeline file; see the module documentation for the format.
+
+    Connector options and ``checkpoint_location`` hold resolved paths (absolute, unless a URI).
+    """
 
     path: Path
     source: str
@@ -62,12 +83,28 @@ class PipelineFile:
     sink_options: Mapping[str, str]
     transform_sql: str | None
     delivery: DeliveryGuarantee
-    checkpoint_location: Path
+    checkpoint_location: str
     checkpoint_store: str | None
     master: str
     trigger: str
     interval_s: float
     max_records_per_batch: int | None
+
+    def spark_options(self, role: ConnectorRole) -> dict[str, str]:
+        """The options of ``format("laminar")`` for the ``role`` side of this pipeline."""
+        source = role is ConnectorRole.SOURCE
+        options = {
+            CONNECTOR_OPTION: self.source if source else self.sink,
+            **(self.source_options if source else self.sink_options),
+            DELIVERY: str(self.delivery),
+            # Both sides keep what must survive a crash under it (a polled source: its read log).
+            SPARK_CHECKPOINT_LOCATION: self.checkpoint_location,
+        }
+        if source and self.max_records_per_batch is not None:
+            options[MAX_RECORDS_PER_BATCH] = str(self.max_records_per_batch)
+        if self.checkpoint_store is not None:
+            options[CHECKPOINT_STORE] = self.checkpoint_store
+        return options
 
 
 def _fail(path: Path, key: str, message: str) -> ConfigurationError:
@@ -80,7 +117,46 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def _connector(path: Path, document: Mapping[str, Any], section: str) -> tuple[str, dict[str, str]]:
+def local_path(directory: Path, value: str) -> Path | None:
+    """The local file or directory ``value`` names, relative ones under ``directory``.
+
+    ``~`` is expanded; ``file://`` URIs are local. ``None`` for another URI (``s3://...``),
+    which names no local path.
+    """
+    scheme, separator, rest = value.partition("://")
+    if separator:
+        return Path(rest) if scheme.lower() == "file" else None
+    named = Path(value).expanduser()
+    return named if named.is_absolute() else (directory / named).resolve()
+
+
+def _resolved(path: Path, key: str, value: str, kind: PathKind) -> str:
+    """``value`` of path key ``key``, a relative path resolved; URIs unchanged.
+
+    :raises ConfigurationError: when ``kind`` is :attr:`PathKind.MUST_EXIST` and the path
+        names nothing.
+    """
+    found = local_path(path.parent, value)
+    if found is None:
+        return value
+    if kind is PathKind.MUST_EXIST and not found.exists():
+        raise _fail(
+            path,
+            key,
+            f"{found} does not exist, and the connector needs it before the pipeline starts "
+            f"(relative paths resolve against the pipeline file's directory, "
+            f"{path.parent.resolve()}); create it, or change {key}",
+        )
+    return value if "://" in value else str(found)
+
+
+def _connector(
+    path: Path,
+    document: Mapping[str, Any],
+    section: str,
+    role: ConnectorRole,
+    registry: ConnectorRegistry,
+) -> tuple[str, dict[str, str]]:
     table = document.get(section)
     if not isinstance(table, dict):
         raise _fail(path, section, f"missing [{section}] table with a `connector` key")
@@ -88,22 +164,35 @@ def _connector(path: Path, document: Mapping[str, Any], section: str) -> tuple[s
     connector = options.pop("connector", None)
     if not isinstance(connector, str) or not connector:
         raise _fail(path, f"{section}.connector", "missing: name the connector to use")
+    try:
+        spec = registry.get(connector, role)
+    except ConfigurationError as error:
+        raise _fail(path, f"{section}.connector", str(error)) from None
+    path_keys = _path_keys(spec)
     converted: dict[str, str] = {}
     for key, value in options.items():
         if isinstance(value, dict | list):
             raise _fail(path, f"{section}.{key}", "must be a string, number or boolean")
         text = _text(value)
-        if key == "path" and not Path(text).is_absolute() and "://" not in text:
-            text = str((path.parent / text).resolve())
+        kind = path_keys.get(key.lower())
+        if kind is not None and text.strip():
+            text = _resolved(path, f"{section}.{key}", text, kind)
         converted[key] = text
     return connector, converted
 
 
-def load_pipeline_file(path: Path) -> PipelineFile:
-    """Read and check a pipeline file.
+def _path_keys(spec: ConnectorSpec) -> dict[str, PathKind]:
+    # Spark's options are case-insensitive: a key's spelling in the file may differ.
+    return {key.name.lower(): key.path for key in spec.config_keys if key.path is not None}
 
+
+def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None) -> PipelineFile:
+    """Read and check a pipeline file, resolving its paths (see the module documentation).
+
+    :param registry: where the connectors are looked up (default: the installed plugins).
     :raises ConfigurationError: naming the file and the key that is missing, unknown or of
-        the wrong type.
+        the wrong type, the connector that is not installed, or the path key whose file or
+        directory must exist and does not.
     """
     try:
         document = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -114,8 +203,9 @@ def load_pipeline_file(path: Path) -> PipelineFile:
     for section in document:
         if section not in _SECTIONS:
             raise _fail(path, section, f"unknown section; use {', '.join(sorted(_SECTIONS))}")
-    source, source_options = _connector(path, document, "source")
-    sink, sink_options = _connector(path, document, "sink")
+    registry = load_connector_registry() if registry is None else registry
+    source, source_options = _connector(path, document, "source", ConnectorRole.SOURCE, registry)
+    sink, sink_options = _connector(path, document, "sink", ConnectorRole.SINK, registry)
     transform = document.get("transform", {})
     sql = transform.get("sql") if isinstance(transform, dict) else None
     if transform and (not isinstance(sql, str) or set(transform) != {"sql"}):
@@ -153,7 +243,9 @@ def load_pipeline_file(path: Path) -> PipelineFile:
         sink_options=sink_options,
         transform_sql=sql,
         delivery=delivery,
-        checkpoint_location=(path.parent / location).resolve(),
+        checkpoint_location=_resolved(
+            path, "pipeline.checkpoint_location", location, PathKind.MAY_CREATE
+        ),
         checkpoint_store=None if store is None else _text(store),
         master=_text(settings.get("master", "local[2]")),
         trigger=trigger,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,112 @@ def test_a_command_that_cannot_be_loaded_says_which_and_the_rest_still_works(mon
     assert "the `laminar conformance` command of entry point 'no_such_module_here:add'" in err
     assert "reinstall the distribution that provides it" in err
     assert main(["plugins", "list"]) == 0
+
+
+def test_plugins_show_marks_path_keys_and_whether_they_must_exist(capsys):
+    assert main(["plugins", "show", "files", "--role", "source"]) == 0
+    source = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[5:]}
+    assert main(["plugins", "show", "files", "--role", "sink"]) == 0
+    sink = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[5:]}
+    assert source["path"].endswith("[path, must exist]")
+    assert sink["path"].endswith("[path, may be created]")
+    assert "[path" not in sink["format"]
+
+
+CHECKED_PIPELINE = """
+[source]
+connector = "generator"
+rows = 100
+
+[transform]
+sql = "SELECT * FROM source WHERE id % 2 = 0"
+
+[sink]
+connector = "files"
+path = "out"
+rows_per_file = {rows_per_file}
+
+[pipeline]
+delivery = "{delivery}"
+checkpoint_location = "state"
+"""
+
+
+def checked_pipeline(tmp_path, rows_per_file="10", delivery="exactly-once"):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(CHECKED_PIPELINE.format(rows_per_file=rows_per_file, delivery=delivery))
+    return path
+
+
+def test_run_check_says_what_it_checked_and_starts_nothing(tmp_path, capsys):
+    path = checked_pipeline(tmp_path)
+    assert main(["run", "--check", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split(maxsplit=1)[1] for line in out.splitlines()[2:-1]}
+    assert rows["source"] == "generator (laminar-sdk 0.1.0): options valid: rows=100"
+    assert rows["sink"].endswith(
+        "options valid: path=" + str(tmp_path / "out") + ", rows_per_file=10"
+    )
+    assert rows["sink.path"] == f"{tmp_path / 'out'} (does not exist yet; may be created)"
+    assert rows["checkpoints"].startswith(f"Spark's in {tmp_path / 'state'}, the SDK's in")
+    assert rows["delivery"].startswith(
+        "exactly-once: source 'generator' replays, sink 'files' declares exactly_once"
+    )
+    assert "the SQL transform" in rows["not"]
+    assert out.splitlines()[-1] == "laminar: pipeline.toml is valid"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipeline.toml"], "nothing created"
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "message"),
+    [
+        ({"rows_per_file": '"ten"'}, "sink.rows_per_file", "must be int, got 'ten'"),
+        ({"rows_per_file": "10\nrow_per_file = 3"}, "sink.row_per_file", "did you mean"),
+        (
+            {"delivery": 'exactly-once"\ncheckpoint_store = "vault'},
+            "pipeline.checkpoint_store",
+            "no checkpoint store named 'vault'",
+        ),
+    ],
+)
+def test_run_check_fails_naming_the_key(tmp_path, capsys, edit, key, message):
+    path = checked_pipeline(tmp_path, **edit)
+    assert main(["run", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"laminar: error: {path}: {key}: "), err
+    assert message in err
+
+
+def test_run_check_refuses_a_guarantee_the_connectors_cannot_keep(tmp_path, capsys):
+    path = checked_pipeline(tmp_path)
+    path.write_text(path.read_text().replace('connector = "files"', 'connector = "null"'))
+    path.write_text(path.read_text().replace('path = "out"\nrows_per_file = 10\n', ""))
+    assert main(["run", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"laminar: error: {path}: pipeline.delivery: exactly-once delivery")
+    assert "sink 'null' does not" in err
+
+
+def test_run_check_never_imports_pyspark(tmp_path):
+    program = (
+        "import sys\n"
+        "from laminar_sdk._cli import main\n"
+        f"status = main(['run', '--check', {str(checked_pipeline(tmp_path))!r}])\n"
+        "print(status, sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.splitlines()[-1] == "0 []"
+
+
+def test_run_help_and_the_readme_state_the_same_rule_for_relative_paths(capsys):
+    rule = "Relative paths resolve against the pipeline file's directory"
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    for text in (help_text, readme):
+        assert rule in text
+        assert "declares as a path" in text
+        assert "`laminar run --check PIPELINE.toml` checks the file without starting Spark" in text

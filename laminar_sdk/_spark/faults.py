@@ -473,6 +473,24 @@ def _record(point: CrashPoint, what: str, torn: str | None) -> None:
         os.close(descriptor)
 
 
+def crash_recorded(point: CrashPoint, record: Path) -> bool:
+    """Whether ``record`` (a :data:`CRASH_RECORD_VARIABLE` file) says the hook killed at ``point``.
+
+    A missing file, or one torn by the kill, records nothing.
+    """
+    try:
+        lines = record.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line).get("crash") == str(point):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 # The coordinator's callbacks: points 1, 2, 4-8 and 10. -------------------------------------
 
 

@@ -2,29 +2,124 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from py4j.protocol import Py4JNetworkError
+from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
+from laminar_sdk._checkpointing.recovery import search_latest_valid
+from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._pipeline_file import PipelineFile
-from laminar_sdk._spark.options import CHECKPOINT_STORE, DELIVERY, MAX_RECORDS_PER_BATCH
+from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
+from laminar_sdk._spark.faults import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    crash_point,
+    crash_recorded,
+)
+from laminar_sdk._spark.options import checkpointer_of, parse_options
 from laminar_sdk._spark.session import build_session
 
 SOURCE_VIEW = "source"
 """The temporary view a pipeline's SQL transform reads the source from."""
 
+DRIVER_LOST = (Py4JNetworkError, ConnectionError)
+"""What a call into Spark raises once the driver's JVM is gone (killed, or crashed)."""
+
+
+def driver_lost(error: BaseException) -> str:
+    """What to tell the user when a call into Spark raised one of :data:`DRIVER_LOST`.
+
+    When :data:`~laminar_sdk._spark.faults.CRASH_AT_VARIABLE` is set, the kill is most likely
+    the one it asks for, and the message says so — certainly, when the hook's record
+    (:data:`~laminar_sdk._spark.faults.CRASH_RECORD_VARIABLE`) shows it.
+    """
+    cause = f"({type(error).__name__}: {error})"
+    resume = "Nothing committed is lost: run the pipeline again and it resumes from its checkpoint"
+    try:
+        point = crash_point()
+    except ConfigurationError:
+        point = None
+    if point is None:
+        return (
+            f"Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline "
+            f"ran {cause}. {resume}"
+        )
+    record = os.environ.get(CRASH_RECORD_VARIABLE)
+    certainty = "" if record and crash_recorded(point, Path(record)) else "most likely "
+    return (
+        f"{CRASH_AT_VARIABLE}={point} is set, so this is {certainty}the deliberate kill it asks "
+        f"for: the crash hook SIGKILLs Spark's driver (its JVM) at crash point "
+        f"{point.step.number} ({point.step.value!r}) of epoch {point.epoch} {cause}. {resume}"
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class EpochProgress:
-    """One micro-batch as Spark reported it: its epoch, rows, and commit time."""
+    """One micro-batch as Spark reported it, and what the sink made of it.
+
+    :param epoch: the epoch, Spark's batch id.
+    :param rows_read: the rows the source delivered (Spark's ``numInputRows``).
+    :param rows_written: the rows handed to the sink, after the transform (the sink's
+        ``numOutputRows``, which Spark counts in the write tasks that succeeded); ``None`` when
+        Spark did not count them.
+    :param rerun: whether this is a micro-batch Spark ran again after a restart, for an epoch
+        whose commit the sink had decided before it: the sink recognises the epoch and writes
+        nothing twice (a commit left unfinished is finished, with what was decided then).
+    :param commit_ms: how long Spark took to hand the micro-batch to the sink and commit it.
+    """
 
     epoch: int
-    rows: int
+    rows_read: int
+    rows_written: int | None
+    rerun: bool
     commit_ms: int
 
     def __str__(self) -> str:
-        return f"epoch {self.epoch}: {self.rows} rows, committed in {self.commit_ms} ms"
+        if self.rerun:
+            return (
+                f"epoch {self.epoch}: {self.rows_read} rows read again after a restart; its "
+                f"commit was decided before, so nothing is written twice ({self.commit_ms} ms)"
+            )
+        written = "?" if self.rows_written is None else str(self.rows_written)
+        return (
+            f"epoch {self.epoch}: {self.rows_read} rows read, {written} written, committed in "
+            f"{self.commit_ms} ms"
+        )
+
+    @classmethod
+    def of(cls, progress: StreamingQueryProgress, *, decided_through: int) -> EpochProgress:
+        """What Spark's ``progress`` of a micro-batch says.
+
+        :param decided_through: the newest epoch decided before the query started (``-1``:
+            none), from :func:`decided_epochs`.
+        """
+        written = progress.sink.numOutputRows
+        return cls(
+            epoch=progress.batchId,
+            rows_read=progress.numInputRows,
+            rows_written=written if written >= 0 else None,
+            rerun=progress.batchId <= decided_through,
+            commit_ms=int(progress.durationMs.get("addBatch", 0)),
+        )
+
+
+def decided_epochs(pipeline: PipelineFile, registry: ConnectorRegistry) -> int:
+    """The newest epoch whose commit the sink's checkpoint location records; ``-1`` for none.
+
+    Read before the query starts: Spark runs the micro-batch of an epoch up to that one again
+    after a crash, and the sink skips it. Damaged checkpoints are passed over, as recovery
+    passes over them (which reports them).
+    """
+    sink = ConnectorRole.SINK
+    options = parse_options(pipeline.spark_options(sink), sink, registry)
+    search = asyncio.run(search_latest_valid(checkpointer_of(options), on_skip=lambda _: None))
+    return -1 if search.recovered is None else search.recovered.manifest.epoch
 
 
 def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
@@ -36,33 +131,17 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
         **{"spark.ui.showConsoleProgress": "false"},
     )
     spark.sparkContext.setLogLevel("ERROR")
-    delivery = str(pipeline.delivery)
-    checkpoint_location = str(pipeline.checkpoint_location)
-    reader = (
+    frame = (
         spark.readStream.format("laminar")
-        .option("connector", pipeline.source)
-        .options(**pipeline.source_options)
-        .option(DELIVERY, delivery)
-        # Both sides keep what must survive a crash under it (a polled source: its read log).
-        .option("checkpointLocation", checkpoint_location)
+        .options(**pipeline.spark_options(ConnectorRole.SOURCE))
+        .load()
     )
-    if pipeline.max_records_per_batch is not None:
-        reader = reader.option(MAX_RECORDS_PER_BATCH, str(pipeline.max_records_per_batch))
-    if pipeline.checkpoint_store is not None:
-        reader = reader.option(CHECKPOINT_STORE, pipeline.checkpoint_store)
-    frame = reader.load()
     if pipeline.transform_sql is not None:
         frame.createOrReplaceTempView(SOURCE_VIEW)
         frame = spark.sql(pipeline.transform_sql)
-    writer = (
-        frame.writeStream.format("laminar")
-        .option("connector", pipeline.sink)
-        .options(**pipeline.sink_options)
-        .option(DELIVERY, delivery)
-        .option("checkpointLocation", checkpoint_location)
+    writer = frame.writeStream.format("laminar").options(
+        **pipeline.spark_options(ConnectorRole.SINK)
     )
-    if pipeline.checkpoint_store is not None:
-        writer = writer.option(CHECKPOINT_STORE, pipeline.checkpoint_store)
     if pipeline.trigger == "available-now":
         writer = writer.trigger(availableNow=True)
     else:
@@ -70,12 +149,15 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
     return writer.start()
 
 
-def follow(query: StreamingQuery, report: Callable[[EpochProgress], None]) -> None:
+def follow(
+    query: StreamingQuery, report: Callable[[EpochProgress], None], *, decided_through: int = -1
+) -> None:
     """Wait for ``query`` to end, reporting each micro-batch once as it completes.
 
     On Ctrl-C the query is stopped: Spark aborts the micro-batch in flight, whose epoch is
     rolled back unless its commit was already decided (then the next start finishes it).
 
+    :param decided_through: :func:`decided_epochs`, read before the query started.
     :raises pyspark.errors.StreamingQueryException: when the query failed.
     """
     reported: set[int] = set()
@@ -85,8 +167,7 @@ def follow(query: StreamingQuery, report: Callable[[EpochProgress], None]) -> No
             for progress in query.recentProgress:
                 if progress.batchId not in reported and progress.numInputRows > 0:
                     reported.add(progress.batchId)
-                    commit_ms = int(progress.durationMs.get("addBatch", 0))
-                    report(EpochProgress(progress.batchId, progress.numInputRows, commit_ms))
+                    report(EpochProgress.of(progress, decided_through=decided_through))
             if finished:
                 return
     except KeyboardInterrupt:

@@ -40,6 +40,7 @@ from laminar_sdk import (
     InvalidState,
     PartitionInfo,
     PartitionRange,
+    PathKind,
     RangeReadableSource,
     ReadError,
     SinkConnector,
@@ -77,6 +78,7 @@ _PATH_KEY = ConfigKeySpec(
     "path",
     required=True,
     description="directory holding the data, shared by every process and instance of a test",
+    path=PathKind.MAY_CREATE,
 )
 _SOURCE = "source"
 _SOURCE_NAME = "memory source"

@@ -17,6 +17,7 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     ConnectorMetrics,
+    PathKind,
     SinkConnector,
     SinkConnectorCapabilities,
     WriteResult,
@@ -63,6 +64,7 @@ class NullSink(SinkConnector):
             "path",
             description="directory to record per-epoch counts in (NullSink.read_counts); "
             "unset = counts in metrics only",
+            path=PathKind.MAY_CREATE,
         ),
         SCHEMA_KEY,
     )

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from laminar_sdk import load_connector_registry
+from laminar_sdk._pipeline_file import load_pipeline_file
+from laminar_sdk._spark.run import decided_epochs, driver_lost
 from laminar_sdk.reference import MemorySink
 
 PIPELINE = """
@@ -44,12 +47,20 @@ def laminar(*args: str) -> subprocess.CompletedProcess[str]:
 def test_run_a_pipeline_file_with_a_transform_exactly_once(tmp_path: Path) -> None:
     pipeline = tmp_path / "pipeline.toml"
     pipeline.write_text(PIPELINE.format(source="generator"))
+    registry = load_connector_registry()
+    assert decided_epochs(load_pipeline_file(pipeline, registry=registry), registry) == -1
     first = laminar("run", str(pipeline))
     assert first.returncode == 0, first.stderr[-2000:]
-    epochs = [line for line in first.stdout.splitlines() if line.strip().startswith("epoch ")]
-    assert len(epochs) == 3, f"120 rows in epochs of 50 rows: {first.stdout}"
-    assert "committed in" in epochs[0]
+    epochs = [line.split(", committed in")[0].strip() for line in first.stdout.splitlines()]
+    # 60 rows in each partition, 25 of each per epoch; the even ids are partition 0's.
+    assert [line for line in epochs if line.startswith("epoch ")] == [
+        "epoch 0: 50 rows read, 25 written",
+        "epoch 1: 50 rows read, 25 written",
+        "epoch 2: 20 rows read, 10 written",
+    ], first.stdout
     assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(0, 120, 2))
+    # What the next run is told: Spark running epoch 2 again would be a re-run.
+    assert decided_epochs(load_pipeline_file(pipeline, registry=registry), registry) == 2
 
     again = laminar("run", str(pipeline))
     assert again.returncode == 0, again.stderr[-2000:]
@@ -71,10 +82,38 @@ def test_run_with_an_unknown_connector_fails_before_data_moves(tmp_path: Path) -
 def test_the_quick_start_demo_survives_its_kill_exactly_once(tmp_path: Path) -> None:
     result = laminar("demo", "--workdir", str(tmp_path / "demo"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "laminar demo: killed (exit status" in result.stdout
+    assert "laminar demo: killed on purpose, as planned: the crash hook SIGKILLed" in result.stdout
+    killed_run = (tmp_path / "demo" / "killed-run.log").read_text()
+    assert "Traceback" not in killed_run, "the lost driver is one line, not py4j's traceback"
+    assert killed_run.splitlines()[-1].startswith(
+        "laminar: error: LAMINAR_SPARK_CRASH_AT=commit:2 is set, so this is the deliberate kill"
+    )
+    rerun = "epoch 2: 20000 rows read again after a restart; its commit was decided before"
+    assert rerun in result.stdout, "the micro-batch killed in its commit ran again, not twice"
     assert "exactly once: nothing lost, nothing doubled" in result.stdout
     table = result.stdout.split("expected rows")[1].splitlines()[1].split()
     assert table == ["100000", "100000", "100000", "0", "0"]
     assert "the conformance kit's quick profile on the 'files' sink" in result.stdout
     assert "every applicable check passed" in result.stdout
     assert not list((tmp_path / "demo").glob("spark-tmp-*")), "the killed run's files were left"
+
+
+def test_a_lost_driver_is_one_line_that_names_a_deliberate_kill(tmp_path, monkeypatch):
+    lost = ConnectionRefusedError(111, "Connection refused")
+    monkeypatch.delenv("LAMINAR_SPARK_CRASH_AT", raising=False)
+    monkeypatch.delenv("LAMINAR_SPARK_CRASH_RECORD", raising=False)
+    assert driver_lost(lost).startswith(
+        "Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline ran "
+        "(ConnectionRefusedError: [Errno 111] Connection refused). Nothing committed is lost"
+    )
+    monkeypatch.setenv("LAMINAR_SPARK_CRASH_AT", "commit:2")
+    expected = "LAMINAR_SPARK_CRASH_AT=commit:2 is set, so this is {}the deliberate kill it asks"
+    assert driver_lost(lost).startswith(expected.format("most likely "))
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("LAMINAR_SPARK_CRASH_RECORD", str(record))
+    record.write_text('{"crash": "commit:1", "pid": 1, "at": "step commit", "torn": null}\n')
+    assert driver_lost(lost).startswith(expected.format("most likely ")), "another point"
+    record.write_text('{"crash": "commit:2", "pid": 1, "at": "step commit", "torn": null}\n')
+    message = driver_lost(lost)
+    assert message.startswith(expected.format(""))
+    assert "at crash point 5 ('commit') of epoch 2" in message

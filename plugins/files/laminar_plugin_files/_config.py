@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from laminar_sdk import ConfigKeySpec, ConfigurationError, ConnectorConfig
+from laminar_sdk import ConfigKeySpec, ConfigurationError, ConnectorConfig, PathKind
 from laminar_sdk.reference import SCHEMAS
 
 PATH_KEY = ConfigKeySpec(
@@ -17,6 +17,7 @@ PATH_KEY = ConfigKeySpec(
     required=True,
     description="the directory of the files: a local (or mounted) path or file:///...; "
     "object-store URIs are refused (publishing needs an atomic directory rename)",
+    path=PathKind.MAY_CREATE,
 )
 
 SCHEMA_KEY = ConfigKeySpec(

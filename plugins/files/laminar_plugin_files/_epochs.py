@@ -2,32 +2,55 @@
 
 ::
 
+    path/epoch=<e, 20 digits>/<data files>        a published epoch
+    path/epoch=<e, 20 digits>/_MANIFEST.json      its files and row count
     path/_staging/epoch-<e>/...                   an epoch being written: invisible to readers
     path/_staging/epoch-<e>/_MANIFEST.json        the files to publish (once pre-committed)
     path/_staging/publishing-<e>/...              the files of an epoch being published
-    path/epoch-<e, 20 digits>/<data files>        a published epoch
-    path/epoch-<e, 20 digits>/_MANIFEST.json      its files and row count
+    path/_LAYOUT.json                             says the directory holds this layout
 
-Readers such as ``pyarrow.dataset`` skip names starting with ``_`` or ``.``, so they see the
-published epochs only. An epoch is published by renaming the directory its files were
-gathered in, so a reader sees all of it or none, and the published directory is the durable
-record that the epoch is committed.
+The published directories are Hive-style partitions (``epoch=<e>``), so Spark's
+``spark.read.parquet(path)``, ``pyarrow.parquet.read_table(path)``, ``pyarrow.dataset`` and
+``pandas.read_parquet(path)`` read the sink's directory as it is, with their defaults (those
+that discover partitions add an ``epoch`` column). They all skip names starting with ``_`` or
+``.``, so they see the published epochs only. An epoch is published by renaming the directory
+its files were gathered in, so a reader sees all of it or none, and the published directory is
+the durable record that the epoch is committed.
+
+Earlier releases of this plugin published epochs as ``epoch-<e>/``: :func:`check_layout`
+refuses a directory holding those (its documentation says how to migrate one).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from laminar_sdk import InvalidState, TransactionError, fsync_path, make_dirs, write_file_atomically
+from laminar_sdk import (
+    ConfigurationError,
+    InvalidState,
+    TransactionError,
+    fsync_path,
+    make_dirs,
+    write_file_atomically,
+)
 
 STAGING = "_staging"
 MANIFEST = "_MANIFEST.json"
+PARTITION_COLUMN = "epoch"
+"""The column readers that discover Hive-style partitions add: the epoch of each row."""
+LAYOUT_MARKER = "_LAYOUT.json"
+"""A file saying the directory holds the ``epoch=<e>`` layout (checked once, then trusted)."""
+
+_LAYOUT = {"published": f"{PARTITION_COLUMN}=<epoch, 20 digits>"}
+_OLD_PUBLISHED = re.compile(r"epoch-\d{20}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +107,46 @@ def staging_directory(directory: Path, epoch: int) -> Path:
 
 
 def published_directory(directory: Path, epoch: int) -> Path:
-    """Where ``epoch`` is once published (zero-padded, so that names sort as epochs do)."""
+    """Where ``epoch`` is once published: a Hive-style partition directory, ``epoch=<e>``.
+
+    The number is zero-padded, so that names sort as epochs do; readers that discover
+    partitions still read it as the integer ``e``.
+    """
     _check_epoch(epoch)
-    return directory / f"epoch-{epoch:020d}"
+    return directory / f"{PARTITION_COLUMN}={epoch:020d}"
+
+
+def check_layout(label: str, directory: Path, key: str) -> None:
+    """Refuse ``directory`` when it holds epochs an earlier release published as ``epoch-<e>/``.
+
+    Writing the new layout next to them would mix two layouts that no reader discovering
+    partitions accepts, and an epoch committed under the old name would not be recognised
+    when delivered again. The directory is listed once: when it holds no old epoch,
+    :data:`LAYOUT_MARKER` is written, and later calls only look for that file.
+
+    To keep such a directory, stop every pipeline writing to it and rename each published
+    epoch (``cd PATH && for d in epoch-*; do mv "$d" "epoch=${d#epoch-}"; done``); staged
+    epochs need nothing.
+
+    :param key: the configuration key naming ``directory``, for the error.
+    :raises ConfigurationError: naming ``directory``, the old directories and the fix.
+    """
+    marker = directory / LAYOUT_MARKER
+    if marker.exists():
+        return
+    old = sorted(name for name in os.listdir(directory) if _OLD_PUBLISHED.fullmatch(name))
+    if old:
+        raise ConfigurationError(
+            f"{label}: config key {key!r} names {directory}, which holds {len(old)} epoch(s) "
+            f"published by an older laminar-plugin-files ({old[0]}/ ...); this release "
+            f"publishes epochs as Hive-style {PARTITION_COLUMN}=<e>/ directories, which Spark, "
+            "pyarrow and pandas read as they are. Stop every pipeline writing there and rename "
+            f"them: cd {shlex.quote(str(directory))} && "
+            'for d in epoch-*; do mv "$d" "epoch=${d#epoch-}"; done'
+            f" — or point {key!r} at a new directory",
+            key=key,
+        )
+    write_file_atomically(marker, json.dumps(_LAYOUT).encode())
 
 
 def read_staged_manifest(label: str, directory: Path, epoch: int) -> EpochFiles:

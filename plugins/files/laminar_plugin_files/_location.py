@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from laminar_sdk import ConfigKeySpec, ConfigurationError, ConnectionFailed, ConnectorConfig
+from laminar_sdk import (
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectionFailed,
+    ConnectorConfig,
+    PathKind,
+)
 
 SOURCE_PATH_KEY = ConfigKeySpec(
     "path",
@@ -21,6 +27,7 @@ SOURCE_PATH_KEY = ConfigKeySpec(
     description="the directory of the files: a local (or mounted) path, file:///..., or an "
     "object-store prefix such as s3://bucket/prefix (see the s3.* keys) or any URI pyarrow's "
     "filesystems understand (gs://...)",
+    path=PathKind.MUST_EXIST,
 )
 
 S3_KEYS = (

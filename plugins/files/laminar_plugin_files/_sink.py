@@ -37,8 +37,10 @@ from laminar_plugin_files._config import (
 )
 from laminar_plugin_files._epochs import (
     MANIFEST,
+    PARTITION_COLUMN,
     STAGING,
     EpochFiles,
+    check_layout,
     combined,
     discard_staging,
     publish,
@@ -60,6 +62,21 @@ _REMOTE_REFUSAL = (
 _SINGLE_WRITER_PREFIX = "part"
 _TASK_PREFIX = "task-"
 _TASK_SAFE = "-_."  # characters a task name keeps in a file name; the rest is %-escaped
+
+
+def _check_no_partition_column(schema: pa.Schema) -> None:
+    # Readers that discover partitions add the column: Spark replaces the data's values with
+    # the epoch's, pyarrow (and so pandas) fails to merge the two.
+    clash = [name for name in schema.names if name.lower() == PARTITION_COLUMN]
+    if clash:
+        raise ConfigurationError(
+            f"{_LABEL}: config key 'schema' has a column named {clash[0]!r}, the partition "
+            f"column of the sink's {PARTITION_COLUMN}=<e>/ directories: readers that discover "
+            "partitions (Spark, pyarrow.parquet, pandas) would overwrite or reject it. Rename "
+            f"the column before the sink (in a pipeline file's transform: "
+            f"{clash[0]} AS event_{clash[0]})",
+            key=SCHEMA_KEY.name,
+        )
 
 
 class _Phase(enum.Enum):
@@ -86,21 +103,25 @@ class _Settings:
 class FilesSink(SinkConnector, DistributedCommitSink):
     """Writes each epoch as Parquet or JSON Lines files, published exactly once.
 
-    Layout under ``path`` (readers such as ``pyarrow.dataset`` skip ``_``-prefixed names)::
+    Layout under ``path``: the published epochs are Hive-style partitions, which
+    ``spark.read.parquet(path)``, ``pyarrow.parquet.read_table(path)``, ``pyarrow.dataset``
+    and ``pandas.read_parquet(path)`` read as they are (adding an ``epoch`` column when they
+    discover partitions); they all skip the ``_``-prefixed bookkeeping::
 
+        epoch=<e, 20 digits>/          a published epoch: its data files and _MANIFEST.json
         _staging/epoch-<e>/            an epoch being written: invisible
         _staging/publishing-<e>/       its files gathered for publishing: invisible
-        epoch-<e, 20 digits>/          a published epoch: its data files and _MANIFEST.json
+        _LAYOUT.json                   says the directory holds this layout
 
     - :meth:`begin_epoch` stages ``e`` afresh (an earlier attempt's staging is discarded) —
-      unless ``epoch-<e>`` is published already: then ``e`` is a re-delivery, and every call
+      unless ``epoch=<e>`` is published already: then ``e`` is a re-delivery, and every call
       for it up to :meth:`commit_epoch` writes nothing.
     - :meth:`write_batch` appends to ``part-NNNNN`` files in the staging directory, starting
       a new file every ``rows_per_file`` rows.
     - :meth:`pre_commit` closes and fsyncs the files and records them in the staging
       directory's manifest: from then on any instance, in any process, can commit the epoch.
     - :meth:`commit_epoch` moves the recorded files to ``_staging/publishing-<e>/`` and
-      renames that directory to ``epoch-<e>`` (fsyncing it and its parents): one atomic step
+      renames that directory to ``epoch=<e>`` (fsyncing it and its parents): one atomic step
       that publishes the epoch and records that it is committed. What is left staged is then
       deleted. Committing again does nothing.
     - :meth:`rollback_epoch` deletes everything staged for the epoch; a published epoch is
@@ -140,7 +161,9 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         """Check ``config`` and create ``path`` (and its staging directory) if needed.
 
         :raises ConfigurationError: naming the key that is unknown, mistyped or out of range;
-            ``path`` when it is an object-store URI or cannot be created as a directory.
+            ``schema`` when it has a column named ``epoch`` (the partition column readers
+            add); ``path`` when it is an object-store URI, cannot be created as a directory,
+            or holds epochs an earlier release published as ``epoch-<e>/`` directories.
         """
         config = config.validate(self.CONFIG_KEYS)
         file_format = configured_format(_LABEL, config, _FORMATS)
@@ -153,8 +176,10 @@ class FilesSink(SinkConnector, DistributedCommitSink):
                 key="rows_per_file",
             )
         schema = configured_schema(_LABEL, config)
+        _check_no_partition_column(schema)
         try:
             make_dirs(directory / STAGING)
+            check_layout(_LABEL, directory, PATH_KEY.name)
         except OSError as error:
             raise ConfigurationError(
                 f"{_LABEL}: config key 'path' names {directory}, where the sink cannot create "

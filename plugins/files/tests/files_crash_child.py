@@ -64,7 +64,7 @@ def arm(kill: str | None) -> Callable[[ProtocolStep, int], None]:
     target: tuple[str, int] | None = None
     if kill is not None:
         where, epoch = kill.rsplit(":", 1)
-        published = f"epoch-{int(epoch):020d}"
+        published = f"epoch={int(epoch):020d}"
         if where.startswith("step:"):
             target = (where.removeprefix("step:"), int(epoch))
         elif where in ("rename-before", "rename-after"):

@@ -83,7 +83,7 @@ def test_a_distributed_commit_killed_midway_is_finished_exactly_once(tmp_path, k
     assert visible_ids(tmp_path / "out") in ([], [1, 2, 3, 4, 5]), "never part of the epoch"
     succeeded(child("commit", str(tmp_path), "4", str(recorded)))
     assert visible_ids(tmp_path / "out") == [1, 2, 3, 4, 5]
-    published = tmp_path / "out" / "epoch-00000000000000000004"
+    published = tmp_path / "out" / "epoch=00000000000000000004"
     named = sorted(name for descriptor in descriptors for name in json.loads(descriptor)["files"])
     assert sorted(name for name in os.listdir(published) if not name.startswith("_")) == named
     assert os.listdir(tmp_path / "out" / "_staging") == [], "the failed attempt's file is deleted"

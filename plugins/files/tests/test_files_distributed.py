@@ -16,7 +16,7 @@ from laminar_sdk import DistributedCommitSink, TransactionError
 
 from laminar_plugin_files import FilesSink
 
-EPOCH_DIRECTORY = "epoch-00000000000000000004"
+EPOCH_DIRECTORY = "epoch=00000000000000000004"
 
 
 class TaskFailed(Exception):
@@ -148,7 +148,7 @@ def test_an_epoch_without_any_staged_output_is_published_empty(tmp_path):
     empty = stage(open_sink(tmp_path), 5, "a")
     asyncio.run(open_sink(tmp_path).commit_aggregated(5, [empty]))
     assert (
-        json.loads((tmp_path / "epoch-00000000000000000005" / "_MANIFEST.json").read_text())[
+        json.loads((tmp_path / "epoch=00000000000000000005" / "_MANIFEST.json").read_text())[
             "files"
         ]
         == []

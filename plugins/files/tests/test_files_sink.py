@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
 from files_testing import drain, ids_batch, open_sink, open_source, visible_ids, write_epoch
-from laminar_sdk import ConnectorConfig, InvalidState, SchemaMismatch, SerdeError, WriteResult
+from laminar_sdk import (
+    ConfigurationError,
+    ConnectorConfig,
+    InvalidState,
+    SchemaMismatch,
+    SerdeError,
+    WriteResult,
+)
 from laminar_sdk.reference import WIDE_SCHEMA, GeneratorSource
+
+from laminar_plugin_files import FilesSink
 
 
 def published(directory) -> list[str]:
@@ -45,8 +56,9 @@ def test_an_epoch_is_invisible_until_commit_and_then_published_whole(tmp_path):
     assert published(tmp_path) == []
     asyncio.run(sink.commit_epoch(7))
     assert visible_ids(tmp_path) == [1, 2, 3]
-    epoch_directory = tmp_path / "epoch-00000000000000000007"
+    epoch_directory = tmp_path / "epoch=00000000000000000007"
     assert published(tmp_path) == [epoch_directory.name]
+    assert sorted(os.listdir(tmp_path)) == ["_LAYOUT.json", "_staging", epoch_directory.name]
     assert sorted(os.listdir(epoch_directory)) == ["_MANIFEST.json", "part-00000.parquet"]
     manifest = json.loads((epoch_directory / "_MANIFEST.json").read_text())
     assert manifest == {"epoch": 7, "files": ["part-00000.parquet"], "rows": 3}
@@ -59,7 +71,7 @@ def test_an_epoch_is_invisible_until_commit_and_then_published_whole(tmp_path):
 def test_rows_per_file_splits_an_epoch_into_files(tmp_path):
     sink = open_sink(tmp_path, rows_per_file="2")
     write_epoch(sink, 0, [1, 2, 3], [4], [5, 6])
-    epoch_directory = tmp_path / "epoch-00000000000000000000"
+    epoch_directory = tmp_path / "epoch=00000000000000000000"
     files = sorted(name for name in os.listdir(epoch_directory) if not name.startswith("_"))
     assert files == [f"part-{n:05d}.parquet" for n in range(3)]
     rows = [ds.dataset(str(epoch_directory / name)).count_rows() for name in files]
@@ -83,7 +95,7 @@ def test_what_the_sink_writes_the_source_reads_back_in_the_same_schema(tmp_path,
         asyncio.run(sink.write_batch(batch.records))
         asyncio.run(sink.pre_commit(epoch + 10))
         asyncio.run(sink.commit_epoch(epoch + 10))
-    source = open_source(tmp_path / "out", format=file_format, schema="wide", pattern="epoch-*")
+    source = open_source(tmp_path / "out", format=file_format, schema="wide", pattern="epoch=*")
     read = []
     while (batch := asyncio.run(source.poll_batch(100))) is not None:
         read.append(batch.records)
@@ -103,7 +115,7 @@ def test_a_rolled_back_epoch_leaves_nothing_a_reader_picks_up(tmp_path):
     asyncio.run(sink.rollback_epoch(1))  # idempotent
     asyncio.run(sink.rollback_epoch(99))  # never begun: nothing to do
     assert visible_ids(tmp_path) == [1]
-    assert reader_visible_paths(tmp_path) == ["epoch-00000000000000000000/part-00000.parquet"]
+    assert reader_visible_paths(tmp_path) == ["epoch=00000000000000000000/part-00000.parquet"]
     assert os.listdir(tmp_path / "_staging") == []
     write_epoch(sink, 1, [5])
     assert visible_ids(tmp_path) == [1, 5]
@@ -179,3 +191,67 @@ def test_close_abandons_the_open_epoch(tmp_path):
     asyncio.run(sink.close())
     assert visible_ids(tmp_path) == []
     assert drain(open_source(tmp_path, pattern="*"))[0] == [], "staging is invisible to a source"
+
+
+def written_by_the_sink(directory, rows_per_file: str | None = None) -> list[int]:
+    """Epochs 0 to 2 published, epoch 3 pre-committed and epoch 4 half written: what a reader
+    of ``directory`` may see mid-run. Returns the ids of the published epochs."""
+    sink = open_sink(directory, **({"rows_per_file": rows_per_file} if rows_per_file else {}))
+    write_epoch(sink, 0, [0, 1], [2])
+    write_epoch(sink, 1)  # an epoch with no rows publishes no data file
+    write_epoch(sink, 2, [3, 4])
+    write_epoch(sink, 3, [90, 91], commit=False)
+    asyncio.run(open_sink(directory).begin_epoch(4))
+    other = open_sink(directory)
+    asyncio.run(other.begin_epoch(4))
+    asyncio.run(other.write_batch(ids_batch([92])))
+    return [0, 1, 2, 3, 4]
+
+
+def test_pyarrow_reads_the_sink_directory_with_its_defaults(tmp_path):
+    expected = written_by_the_sink(tmp_path, rows_per_file="2")
+    table = pq.read_table(tmp_path)  # Hive partitions discovered: an `epoch` column is added
+    assert sorted(table.column("id").to_pylist()) == expected
+    rows = sorted(zip(*table.select(["id", "epoch"]).to_pydict().values(), strict=True))
+    assert rows == [(0, 0), (1, 0), (2, 0), (3, 2), (4, 2)]
+    dataset = ds.dataset(tmp_path)
+    assert dataset.schema.names == ["id", "partition", "value"]
+    assert sorted(dataset.to_table().column("id").to_pylist()) == expected
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pandas") is None, reason="pandas is not installed")
+def test_pandas_reads_the_sink_directory_with_its_defaults(tmp_path):
+    import pandas as pd  # noqa: PLC0415 - optional: this test runs where pandas is installed
+
+    expected = written_by_the_sink(tmp_path)
+    frame = pd.read_parquet(tmp_path)
+    assert sorted(frame["id"]) == expected
+    assert sorted(frame["epoch"].astype(int)) == [0, 0, 0, 2, 2]
+
+
+def test_a_directory_of_epochs_in_the_old_layout_is_refused_naming_it(tmp_path):
+    old = tmp_path / "epoch-00000000000000000003"
+    old.mkdir()
+    (old / "part-00000.parquet").write_bytes(b"")
+    with pytest.raises(ConfigurationError, match="epoch-00000000000000000003/") as info:
+        open_sink(tmp_path)
+    assert info.value.key == "path"
+    message = str(info.value)
+    assert str(tmp_path) in message
+    assert 'mv "$d" "epoch=${d#epoch-}"' in message, "says how to migrate"
+    assert not (tmp_path / "_LAYOUT.json").exists()
+    # Migrated as the message says, the directory is taken, and epoch 3 is recognised.
+    old.rename(tmp_path / "epoch=00000000000000000003")
+    sink = open_sink(tmp_path)
+    asyncio.run(sink.begin_epoch(3))
+    assert asyncio.run(sink.write_batch(ids_batch([1]))) == WriteResult(0), "committed before"
+
+
+def test_a_column_named_epoch_is_refused_naming_the_schema_key(tmp_path):
+    schema = '[{"name": "id", "type": "int64"}, {"name": "Epoch", "type": "int64"}]'
+    with pytest.raises(ConfigurationError, match="column named 'Epoch'") as info:
+        asyncio.run(
+            FilesSink().open(ConnectorConfig("files", {"path": str(tmp_path), "schema": schema}))
+        )
+    assert info.value.key == "schema"
+    assert "Epoch AS event_Epoch" in str(info.value)

@@ -57,9 +57,9 @@ def test_files_flow_from_a_directory_to_published_epochs_exactly_once(tmp_path: 
     first = laminar_run(pipeline)
     assert first.returncode == 0, first.stderr[-3000:]
     assert visible_ids(tmp_path / "out") == list(range(60))
-    epochs = sorted(path.name for path in (tmp_path / "out").glob("epoch-*"))
+    epochs = sorted(path.name for path in (tmp_path / "out").glob("epoch=*"))
     assert len(epochs) >= 3, f"60 rows in micro-batches of at most 25: {epochs}"
-    written = [path.name for path in (tmp_path / "out").glob("epoch-*/*.parquet")]
+    written = [path.name for path in (tmp_path / "out").glob("epoch=*/*.parquet")]
     assert written, "no data file published"
     assert all(name.startswith("task-") for name in written), (
         f"Spark's write tasks stage the files themselves (distributed commit): {written}"

@@ -20,6 +20,7 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     DeliveryGuarantee,
+    PathKind,
 )
 
 PASSTHROUGH_PREFIX = "kafka."
@@ -122,6 +123,7 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
         description="exactly-once: where each pre-committed epoch is kept until it is "
         "committed; default: the laminar checkpoint location (on Spark, under "
         "checkpointLocation), so a restart on any machine finds it",
+        path=PathKind.MAY_CREATE,
     ),
     ConfigKeySpec(
         "schema",

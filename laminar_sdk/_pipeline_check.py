@@ -1,0 +1,173 @@
+"""Checking a pipeline file without Spark: what ``laminar run --check`` does.
+
+Every check that needs no running system: the plugins are found, every connector option is
+declared, of its type and given when required (as the Spark bridge checks them, with the same
+function), the SDK's options and the checkpoint store are valid, path keys resolve (done when
+the file is loaded), and the connectors can keep the delivery guarantee. Connectors are built
+but never opened, so nothing is contacted: what only an open connector or Spark can tell (a
+server that cannot be reached, the SQL transform) is checked when the pipeline starts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from laminar_sdk._checkpointing.registry import store_for_location
+from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
+from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError
+from laminar_sdk._pipeline_file import PipelineFile, local_path
+from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._spark.options import (
+    CHECKPOINT_LOCATION,
+    CHECKPOINT_STORE,
+    CONNECTOR_OPTION,
+    DELIVERY,
+    MAX_RECORDS_PER_BATCH,
+    BridgeOptions,
+    checkpointer_of,
+    parse_options,
+)
+from laminar_sdk._types import DeliveryGuarantee
+
+# Where the SDK options the bridge checks come from in a pipeline file.
+_PIPELINE_KEYS = {
+    CONNECTOR_OPTION: "connector",
+    DELIVERY: "pipeline.delivery",
+    MAX_RECORDS_PER_BATCH: "pipeline.max_records_per_batch",
+    CHECKPOINT_LOCATION: "pipeline.checkpoint_location",
+    CHECKPOINT_STORE: "pipeline.checkpoint_store",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedItem:
+    """One thing a check looked at, and what it found."""
+
+    what: str
+    finding: str
+
+
+def check_pipeline(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[CheckedItem]:
+    """Check everything about ``pipeline`` that can be checked without Spark.
+
+    :param pipeline: a loaded pipeline file (its paths resolved and checked already).
+    :param registry: the installed connectors, as loaded for the file.
+    :returns: what was checked, in order; warnings (a delivery weaker than it may look)
+        among them.
+    :raises ConfigurationError: naming the file and the key at fault (``sink.rows_per_file``,
+        ``pipeline.delivery``, ...) and what to do.
+    """
+    checked: list[CheckedItem] = []
+    sides: dict[ConnectorRole, tuple[ConnectorSpec, BridgeOptions]] = {}
+    for role in ConnectorRole:
+        options = _bridge_options(pipeline, role, registry)
+        spec = registry.get(options.connector, role)
+        sides[role] = (spec, options)
+        checked.append(CheckedItem(str(role), _describe(spec, options)))
+        checked += _paths(pipeline, role, spec, options)
+    checked.append(CheckedItem("checkpoints", _checkpoints(pipeline, sides[ConnectorRole.SINK][1])))
+    checked += _delivery(pipeline, registry)
+    checked.append(
+        CheckedItem(
+            "not checked",
+            "the SQL transform and connections to external systems: they need Spark and "
+            "open connectors, and are checked when the pipeline starts"
+            if pipeline.transform_sql is not None
+            else "connections to external systems: they need open connectors, and are "
+            "checked when the pipeline starts",
+        )
+    )
+    return checked
+
+
+def _bridge_options(
+    pipeline: PipelineFile, role: ConnectorRole, registry: ConnectorRegistry
+) -> BridgeOptions:
+    section = str(role)
+    try:
+        return parse_options(pipeline.spark_options(role), role, registry)
+    except ConfigurationError as error:
+        given = error.key or ""
+        key = _PIPELINE_KEYS.get(given, f"{section}.{given}")
+        if key == "connector":
+            key = f"{section}.connector"
+        raise ConfigurationError(f"{pipeline.path}: {key}: {error}", key=key) from error
+
+
+def _describe(spec: ConnectorSpec, options: BridgeOptions) -> str:
+    config = spec.configure(options.properties)
+    given = ", ".join(
+        f"{key}={value}" for key, value in config.redacted().items() if key in options.properties
+    )
+    origin = f"{spec.distribution} {spec.version}".strip()
+    return f"{spec.name} ({origin}): options valid" + (f": {given}" if given else "")
+
+
+def _paths(
+    pipeline: PipelineFile, role: ConnectorRole, spec: ConnectorSpec, options: BridgeOptions
+) -> list[CheckedItem]:
+    found = []
+    for key in spec.config_keys:
+        value = options.properties.get(key.name)
+        if key.path is None or value is None:
+            continue
+        local = local_path(pipeline.path.parent, value)
+        state = (
+            "a URI: checked when the connector opens"
+            if local is None
+            else "exists"
+            if local.exists()
+            else "does not exist yet; may be created"
+        )
+        found.append(CheckedItem(f"{role}.{key.name}", f"{value} ({state})"))
+    return found
+
+
+def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:
+    location = options.checkpoint_location
+    assert location is not None, "parse_options gives a sink one, or refuses"
+    store = options.checkpoint_store or store_for_location(location)
+    try:
+        checkpointer_of(options)  # builds the store's client: nothing is read or written yet
+    except (CheckpointError, PluginError) as error:
+        key = (
+            "pipeline.checkpoint_store"
+            if options.checkpoint_store
+            else "pipeline.checkpoint_location"
+        )
+        raise ConfigurationError(f"{pipeline.path}: {key}: {error}", key=key) from error
+    return f"Spark's in {pipeline.checkpoint_location}, the SDK's in {location} (store {store!r})"
+
+
+def _delivery(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[CheckedItem]:
+    source = registry.create_source(pipeline.source)
+    sink = registry.create_sink(pipeline.sink)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeliveryGuaranteeWarning)
+        try:
+            validate_delivery_guarantee(
+                pipeline.delivery,
+                sources={pipeline.source: source},
+                sinks={pipeline.sink: sink},
+                checkpointing_enabled=True,
+            )
+        except ConfigurationError as error:
+            raise ConfigurationError(
+                f"{pipeline.path}: pipeline.delivery: {error}", key="pipeline.delivery"
+            ) from error
+    replay = "replays" if source.supports_replay() else "cannot replay"
+    exactly_once = sink.capabilities().exactly_once
+    declares = "declares exactly_once" if exactly_once else "does not declare exactly_once"
+    finding = f"{pipeline.delivery}: source {pipeline.source!r} {replay}, sink {pipeline.sink!r} "
+    finding += declares
+    if pipeline.delivery is DeliveryGuarantee.EXACTLY_ONCE:
+        # Unopened: a sink whose capabilities depend on its configuration says it again then.
+        finding += " (asked again of the opened sink when the pipeline starts)"
+    checked = [CheckedItem("delivery", finding)]
+    checked += [
+        CheckedItem("warning", str(warning.message))
+        for warning in caught
+        if issubclass(warning.category, DeliveryGuaranteeWarning)
+    ]
+    return checked
