@@ -231,7 +231,9 @@ def _unloadable(
 
 def _conformance_missing(_args: argparse.Namespace) -> int:
     raise ConfigurationError(
-        "`laminar conformance` needs the conformance kit: pip install laminar-conformance",
+        "`laminar conformance` needs the conformance kit: pip install laminar-conformance "
+        "(until it is on PyPI, add --find-links DIR, DIR a wheelhouse; in a checkout: "
+        "pip install -e ./conformance; see the README, Installing)",
         key="conformance",
     )
 
