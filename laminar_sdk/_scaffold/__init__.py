@@ -197,7 +197,7 @@ def next_steps(project: PluginProject) -> list[str]:
         ("python -m pip install -e .", "the plugin, editable, next to this laminar-sdk"),
         ("laminar plugins list", f"the {names.name!r} source and sink, from {names.distribution}"),
         (f"laminar conformance run {names.name} --strict", "both roles, both layers"),
-        ("tox", "what CI runs; the SDK's wheels go in wheelhouse/ (its README)"),
+        ("tox", "what CI runs (the SDK's wheels: wheelhouse/README.md)"),
     ]
     width = max(len(command) for command, _ in steps)
     return [f"{command:<{width}}  # {note}" if note else command for command, note in steps]
