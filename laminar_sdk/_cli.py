@@ -39,18 +39,28 @@ def _plugins_list(_args: argparse.Namespace) -> int:
 
 def _plugins_show(args: argparse.Namespace) -> int:
     registry = load_connector_registry()
-    role = ConnectorRole(args.role) if args.role else None
-    spec = registry.get(args.name, role)
-    print(f"{spec.name} ({spec.role} connector)")
-    print(f"  distribution: {spec.distribution} {spec.version}".rstrip())
-    print(f"  capabilities: {_capabilities(spec)}")
+    if args.role:
+        specs: tuple[ConnectorSpec, ...] = (registry.get(args.name, ConnectorRole(args.role)),)
+    else:
+        specs = registry.every_role(args.name)
+    print("\n\n".join(_describe(spec) for spec in specs))
+    return 0
+
+
+def _describe(spec: ConnectorSpec) -> str:
+    """What `laminar plugins show` prints for one role of a connector."""
+    lines = [
+        f"{spec.name} ({spec.role} connector)",
+        f"  distribution: {spec.distribution} {spec.version}".rstrip(),
+        f"  capabilities: {_capabilities(spec)}",
+    ]
     if spec.description:
-        print(f"  {spec.description}")
+        lines.append(f"  {spec.description}")
     if spec.config_prefixes:
-        print(f"  passes through keys starting with: {', '.join(spec.config_prefixes)}")
+        lines.append(f"  passes through keys starting with: {', '.join(spec.config_prefixes)}")
     if not spec.config_keys:
-        print("  config keys: none")
-        return 0
+        lines.append("  config keys: none")
+        return "\n".join(lines)
     rows = [("KEY", "TYPE", "REQUIRED", "DEFAULT", "DESCRIPTION")]
     for key in spec.config_keys:
         marks = "yes" if key.required else "no"
@@ -59,9 +69,9 @@ def _plugins_show(args: argparse.Namespace) -> int:
         description = " ".join([key.description, *(f"[{tag}]" for tag in tags)]).strip()
         default = "" if key.default is None else key.default
         rows.append((key.name, key.value_type.__name__, marks, default, description))
-    print("  config keys:")
-    print("\n".join(f"    {line}" for line in format_table(rows).splitlines()))
-    return 0
+    lines.append("  config keys:")
+    lines += [f"    {line}" for line in format_table(rows).splitlines()]
+    return "\n".join(lines)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -145,9 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     plugin_commands = plugins.add_subparsers(dest="plugins_command", required=True)
     listing = plugin_commands.add_parser("list", help="every installed connector")
     listing.set_defaults(handler=_plugins_list)
-    show = plugin_commands.add_parser("show", help="one connector's description and config")
+    show = plugin_commands.add_parser(
+        "show", help="one connector's description and config keys, for each of its roles"
+    )
     show.add_argument("name", help="connector name, as in `laminar plugins list`")
-    show.add_argument("--role", choices=[r.value for r in ConnectorRole])
+    show.add_argument(
+        "--role",
+        choices=[r.value for r in ConnectorRole],
+        help="show only this role (default: every role the connector has, source first)",
+    )
     show.set_defaults(handler=_plugins_show)
 
     run = commands.add_parser(
@@ -242,7 +258,9 @@ def _unloadable(
 
 def _conformance_missing(_args: argparse.Namespace) -> int:
     raise ConfigurationError(
-        "`laminar conformance` needs the conformance kit: pip install laminar-conformance",
+        "`laminar conformance` needs the conformance kit: pip install laminar-conformance "
+        "(until it is on PyPI, add --find-links DIR, DIR a wheelhouse; in a checkout: "
+        "pip install -e ./conformance; see the README, Installing)",
         key="conformance",
     )
 

@@ -75,8 +75,9 @@ def _require_files_plugin() -> None:
     except ConfigurationError:
         raise ConfigurationError(
             f"the demo writes with the {SINK_CONNECTOR!r} sink, which is not installed: "
-            f"pip install {SINK_DISTRIBUTION} (from a checkout: pip install -e plugins/files), "
-            "or run the demo with: python3 -m tox -e demo",
+            f"install {SINK_DISTRIBUTION} (in a checkout: pip install -e plugins/files; from a "
+            f"wheelhouse: pip install --find-links DIR {SINK_DISTRIBUTION}; see the README, "
+            "Installing), or run the demo with: python3 -m tox -e demo",
             key="sink.connector",
         ) from None
 

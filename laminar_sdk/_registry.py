@@ -226,7 +226,10 @@ class ConnectorRegistry:
             return found[0]
         if found:
             raise ConfigurationError(
-                f"{name!r} is both a source and a sink connector: say which role", key="connector"
+                f"{name!r} is both a source and a sink connector: say which role with "
+                f"--role source or --role sink (in Python: get({name!r}, ConnectorRole.SINK), "
+                "or every_role() for both)",
+                key="connector",
             )
         raise self._not_installed(name, role)
 

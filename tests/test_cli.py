@@ -85,6 +85,34 @@ def test_plugins_show_describes_keys_and_marks_secrets(vault_plugin, capsys):
     assert "[secret]" not in lines["url"]
 
 
+def test_plugins_show_without_role_shows_both_roles_of_a_connector_that_has_both(capsys):
+    # `memory` (the SDK's reference plugin) is a source and a sink.
+    assert main(["plugins", "show", "memory"]) == 0
+    out = capsys.readouterr().out
+    source, sink = out.split("\n\n")
+    assert source.startswith("memory (source connector)\n")
+    assert sink.startswith("memory (sink connector)\n")
+    for role in (source, sink):
+        assert "  distribution: laminar-sdk " in role
+        assert "  config keys:" in role
+        assert any(line.split()[:1] == ["path"] for line in role.splitlines()), role
+    assert "distributed_commit" in sink
+    assert "distributed_commit" not in source
+
+
+def test_plugins_show_with_role_shows_that_role_only(capsys):
+    assert main(["plugins", "show", "memory", "--role", "sink"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("memory (sink connector)\n")
+    assert "(source connector)" not in out
+
+
+def test_plugins_show_a_role_the_connector_lacks_names_the_installed_ones(vault_plugin, capsys):
+    assert main(["plugins", "show", "vault", "--role", "source"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("laminar: error: no source connector named 'vault' is installed")
+
+
 def test_plugins_show_unknown_connector_exits_2_with_advice(vault_plugin, capsys):
     assert main(["plugins", "show", "valt"]) == 2
     err = capsys.readouterr().err

@@ -148,7 +148,11 @@ def test_unknown_connector_lists_installed_ones(install_distribution):
     ) as info:
         registry.get("alhpa", ConnectorRole.SINK)
     assert info.value.key == "connector"
-    with pytest.raises(ConfigurationError, match="both a source and a sink"):
+    with pytest.raises(
+        ConfigurationError,
+        match="'alpha' is both a source and a sink connector: say which role with "
+        "--role source or --role sink",
+    ):
         registry.get("alpha")
 
 

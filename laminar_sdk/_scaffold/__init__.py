@@ -29,13 +29,14 @@ _FILES = (
     ("tox.ini", "tox.ini"),
     ("gitignore", ".gitignore"),
     ("ci.yml", ".github/workflows/ci.yml"),
+    ("wheelhouse_readme.md", "wheelhouse/README.md"),
     ("package_init.py", "$package/__init__.py"),
     ("package_records.py", "$package/_records.py"),
     ("package_source.py", "$package/_source.py"),
     ("package_sink.py", "$package/_sink.py"),
     ("package_conformance.py", "$package/_conformance.py"),
     ("py.typed", "$package/py.typed"),
-    ("test_conformance.py", "tests/test_conformance.py"),
+    ("test_records.py", "tests/test_records.py"),
 )
 
 
@@ -193,11 +194,10 @@ def next_steps(project: PluginProject) -> list[str]:
     steps = [
         (f"cd {project.directory}", ""),
         ("git init", ""),
-        ("python -m pip install -e .", "laminar-sdk must be installable: see README.md"),
+        ("python -m pip install -e .", "the plugin, editable, next to this laminar-sdk"),
         ("laminar plugins list", f"the {names.name!r} source and sink, from {names.distribution}"),
-        (f"laminar conformance run {names.name} --role source", ""),
-        (f"laminar conformance run {names.name} --role sink", ""),
-        ("tox", "what CI runs: the conformance kit, then the tests"),
+        (f"laminar conformance run {names.name} --strict", "both roles, both layers"),
+        ("tox", "what CI runs (the SDK's wheels: wheelhouse/README.md)"),
     ]
     width = max(len(command) for command, _ in steps)
     return [f"{command:<{width}}  # {note}" if note else command for command, note in steps]
