@@ -61,8 +61,8 @@ logger = logging.getLogger("laminar_sdk.runtime")
 class ProtocolStep(enum.Enum):
     """The points of the epoch protocol where the coordinator hands control to an observer.
 
-    The numbers are those of the crash points CONTRIBUTING.md lists that fall between two calls;
-    crash points inside a sink call (3, 6) are reached by the sink itself.
+    The numbers are those of the crash points docs/epoch-protocol.md lists that fall between
+    two calls; crash points inside a sink call (3, 6) are reached by the sink itself.
     """
 
     WRITE = "write"

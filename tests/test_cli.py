@@ -277,13 +277,14 @@ def test_run_check_never_imports_pyspark(tmp_path):
     assert result.stdout.splitlines()[-1] == "0 []"
 
 
-def test_run_help_and_the_readme_state_the_same_rule_for_relative_paths(capsys):
+def test_run_help_and_the_docs_state_the_same_rule_for_relative_paths(capsys):
     rule = "Relative paths resolve against the pipeline file's directory"
     with pytest.raises(SystemExit):
         main(["run", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
-    for text in (help_text, readme):
+    docs = Path(__file__).parent.parent / "docs" / "pipelines.md"
+    guide = " ".join(docs.read_text().split())
+    for text in (help_text, guide):
         assert rule in text
         assert "declares as a path" in text
         assert "`laminar run --check PIPELINE.toml` checks the file without starting Spark" in text

@@ -1,7 +1,7 @@
 """The distributions move in step: one version, pinned between them, with a changelog entry.
 
 And the versions of PySpark and pyarrow the SDK claims to support are the ones a tox
-environment tests, and the ones the README states.
+environment tests, and the ones the docs state.
 """
 
 from __future__ import annotations
@@ -134,13 +134,15 @@ def test_the_lowest_tox_environment_tests_the_floors_laminar_sdk_claims():
     )
 
 
-def test_the_readme_states_the_tested_floors():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_state_the_tested_floors():
+    install = (ROOT / "docs" / "install.md").read_text()
     for name, version in claimed_floors().items():
-        row = next((line for line in readme.splitlines() if line.startswith(f"| {name} ")), None)
-        assert row is not None, f"README.md's compatibility table has no row for {name}"
+        row = next((line for line in install.splitlines() if line.startswith(f"| {name} ")), None)
+        assert row is not None, f"docs/install.md's compatibility table has no row for {name}"
         lowest = row.split("|")[2].strip()
-        assert Version(lowest) == version, f"README.md gives {name} {lowest}, pyproject {version}"
+        assert Version(lowest) == version, (
+            f"docs/install.md gives {name} {lowest}, pyproject {version}"
+        )
 
 
 @pytest.mark.full

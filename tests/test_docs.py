@@ -13,9 +13,11 @@ import pytest
 
 import laminar_sdk
 from laminar_sdk import _hookspecs
+from laminar_sdk.spark import CrashStep
 
 ROOT = Path(__file__).resolve().parent.parent
-GUIDE = ROOT / "CONTRIBUTING.md"
+DOCS = ROOT / "docs"
+GUIDE = DOCS / "writing-a-plugin.md"
 FILE_BLOCK = re.compile(r"<!-- file: (?P<path>\S+) -->\n```[a-z]*\n(?P<body>.*?)```", re.DOTALL)
 
 
@@ -26,7 +28,7 @@ def test_every_hook_is_documented_with_its_exact_signature():
     for name in hooks:
         parameters = inspect.signature(getattr(_hookspecs, name)).parameters
         signature = f"{name}({', '.join(parameters)})"
-        assert f"`{signature}`" in text, f"CONTRIBUTING.md lacks the hook {signature}"
+        assert f"`{signature}`" in text, f"docs/writing-a-plugin.md lacks the hook {signature}"
 
 
 def test_public_api_is_sorted_and_importable():
@@ -42,7 +44,7 @@ def test_public_api_is_sorted_and_importable():
 def test_the_kit_and_first_party_plugins_use_only_public_names():
     # They are written as a third-party author would write them: what they need from the SDK
     # is public API, so a plugin author can copy from them.
-    private = re.compile(r"\blaminar_sdk\._")
+    private = re.compile(r"\blaminar_sdk(\.\w+)*\._")
     sources = [
         *(ROOT / "conformance" / "laminar_conformance").rglob("*.py"),
         *(ROOT / "plugins").glob("*/laminar_plugin_*/**/*.py"),
@@ -141,3 +143,67 @@ asyncio.run(main())
         )
         assert kit.returncode == 0, kit.stdout[-4000:] + kit.stderr[-2000:]
         assert "turned off by the test context: " in kit.stdout
+
+
+def test_the_api_reference_is_what_the_docstrings_say():
+    # Every public name has a docstring, and docs/api/ was written from the current ones.
+    result = subprocess.run(
+        [sys.executable, str(DOCS / "api.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_crash_step_is_documented_with_its_number():
+    text = (DOCS / "epoch-protocol.md").read_text()
+    for step in CrashStep:
+        assert f"| {step.number} | `{step.value}` |" in text, f"crash step {step.value} is missing"
+    assert "`WHEN`" in text, "the STEP:EPOCH[:WHEN] syntax is not explained"
+    assert "Nms" in text, "a kill N milliseconds into a call is not explained"
+
+
+def user_docs() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_the_docs_never_send_a_reader_where_they_cannot_follow():
+    # Third-party authors have the repository's docs and the installed packages: no design
+    # notes outside it, no private module to read.
+    private = re.compile(r"\blaminar_(sdk|conformance)(\.\w+)*\._\w")
+    for path in user_docs():
+        text = path.read_text()
+        where = path.relative_to(ROOT)
+        assert "../shared" not in text, where
+        assert "design notes" not in text.lower(), where
+        found = private.search(text)
+        assert found is None, f"{where} names the private module {found and found.group(0)}"
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def test_every_link_between_the_docs_resolves():
+    for path in user_docs():
+        for match in LINK.finditer(path.read_text()):
+            target = match["target"]
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = (path.parent / file).resolve() if file else path
+            where = f"{path.relative_to(ROOT)} links to {target}"
+            assert resolved.exists(), f"{where}, which does not exist"
+            if anchor and resolved.suffix == ".md":
+                assert anchor in anchors(resolved), f"{where}: no such heading"
+
+
+def anchors(path: Path) -> set[str]:
+    """GitHub's anchors of the headings of a markdown file."""
+    found = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            slug = re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+            found.add(slug)
+    return found

@@ -120,7 +120,7 @@ class FaultPoint:
 
 
 def every_fault_point(epoch: int) -> list[FaultPoint]:
-    """Every crash point of CONTRIBUTING.md's list, and every error the runtime must handle.
+    """Every crash point of docs/epoch-protocol.md's list, and every error the runtime must handle.
 
     A crash at each :class:`ProtocolStep`, a crash before and after every sink call, an error
     before every sink call, and an error after every call the runtime may repeat or undo

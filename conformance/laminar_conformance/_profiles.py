@@ -111,7 +111,7 @@ On Spark, ``quick`` kills its pipeline once: two Spark drivers start, the one ki
 one that finishes. A driver's start-up dominates: one takes about 35 s on an idle two-core
 machine (JVM, then a Python worker per kind of task), so ``quick``'s Spark layer takes over a
 minute there, and two to three on a busy one. ``full`` kills it at all ten crash points that
-CONTRIBUTING.md lists, one after the other, in one pipeline: eleven drivers."""
+docs/epoch-protocol.md lists, one after the other, in one pipeline: eleven drivers."""
 
 
 def selected_profile(config: pytest.Config, default: str = "quick") -> Profile:

@@ -81,7 +81,7 @@ def spark_skip_reason(config: pytest.Config) -> str | None:
 
 
 def describe_crash(point: CrashPoint) -> str:
-    """``point`` as the hook takes it, with the crash point's number (1 to 10, CONTRIBUTING.md)."""
+    """``point`` as the hook takes it, and its number (1 to 10, docs/epoch-protocol.md)."""
     return f"{point} (crash point {point.step.number})"
 
 

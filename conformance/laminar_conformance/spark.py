@@ -11,9 +11,9 @@ Adopt the suites next to the in-process ones, one class per connector::
 On Spark (``local[2]``), the plugin runs in a pipeline with the SDK's reference connectors on
 the other side — a sink is fed by the ``generator`` source, a source feeds the ``memory`` sink
 — driven through the same test context as the in-process checks. The pipeline's Spark driver
-is SIGKILLed at crash points drawn from the ten listed in CONTRIBUTING.md (``quick``: one; ``full``:
-all ten, one after the other) and restarted from its checkpoint location each time; then the
-ids a reader sees are counted: none lost, and none twice with exactly-once delivery.
+is SIGKILLed at crash points drawn from the ten listed in docs/epoch-protocol.md (``quick``:
+one; ``full``: all ten, one after the other) and restarted from its checkpoint location each
+time; then the ids a reader sees are counted: none lost, and none twice with exactly-once delivery.
 
 Each case runs its pipeline in child Python processes of the kit's own,
 so a plugin's own tests need nothing of the SDK's. The checks skip, saying why, without

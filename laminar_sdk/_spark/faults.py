@@ -10,7 +10,7 @@ from the same checkpoint location must then deliver every record exactly once (a
 with at-least-once delivery). Linux only (the JVM is found through ``/proc``), and ``local``
 masters only (on a cluster, the JVM above a task's worker is an executor's).
 
-The crash points (the table in CONTRIBUTING.md), by ``STEP`` (``EPOCH`` is Spark's batch id):
+The crash points (the table in docs/epoch-protocol.md), by ``STEP`` (``EPOCH`` is Spark's batch id):
 
 ==  =====================  =================================================================
  1  ``write``              before a batch is written (``write_batch``; a distributed sink's
@@ -157,7 +157,7 @@ class CrashStep(enum.Enum):
 
     @property
     def number(self) -> int:
-        """The crash point's number (1 to 10, as CONTRIBUTING.md lists them)."""
+        """The crash point's number (1 to 10, as docs/epoch-protocol.md lists them)."""
         return list(CrashStep).index(self) + 1
 
     @property

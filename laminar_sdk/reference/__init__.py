@@ -12,15 +12,22 @@ third-party plugin does, under these names:
 
 Every bit of state a restarted process needs lives in the checkpoint (sources) or in the
 ``path`` directory (memory and null), never only in memory.
+
+Helpers the reference and first-party connectors share, public for any plugin's use:
+:class:`Lifecycle` (unopened → open → closed, with the contract's errors), :func:`conform_batch`
+(a sink's batch against its schema, with a message naming each difference) and
+:func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`).
 """
 
 from __future__ import annotations
 
 from laminar_sdk.reference._generator import UNBOUNDED, GeneratorSource
+from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._memory import MemorySink, MemorySource
 from laminar_sdk.reference._null import EpochCount, NullSink
+from laminar_sdk.reference._offsets import parse_count
 from laminar_sdk.reference._plugin import laminar_register_connectors
-from laminar_sdk.reference._schemas import IDS_SCHEMA, SCHEMAS, WIDE_SCHEMA
+from laminar_sdk.reference._schemas import IDS_SCHEMA, SCHEMAS, WIDE_SCHEMA, conform_batch
 
 __all__ = [
     "IDS_SCHEMA",
@@ -29,8 +36,11 @@ __all__ = [
     "WIDE_SCHEMA",
     "EpochCount",
     "GeneratorSource",
+    "Lifecycle",
     "MemorySink",
     "MemorySource",
     "NullSink",
+    "conform_batch",
     "laminar_register_connectors",
+    "parse_count",
 ]

@@ -47,7 +47,7 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     text = report.read_text()
     assert "**Result: PASSED**" in text
     assert "- Capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit" in text
-    assert "- Replay: `laminar conformance run memory --role sink --seed 5`" in text
+    assert "- Replay: `laminar conformance run memory --role sink --seed 5 --no-spark`" in text
     assert "- Spark layer: skipped: switched off (--no-spark" in text
     assert "## Not tested, by category" in text
     assert (
@@ -97,7 +97,10 @@ def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
         "turned off by the test context: the generator's rows are fixed by its configuration"
         in text.split("## Not tested, by category")[1]
     )
-    assert "- Replay: `laminar conformance run generator --role source --seed 2 --strict`" in text
+    assert (
+        "- Replay: `laminar conformance run generator --role source --seed 2 --strict --no-spark`"
+        in text
+    )
 
 
 @pytest.mark.parametrize(

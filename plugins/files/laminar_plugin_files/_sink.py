@@ -23,8 +23,7 @@ from laminar_sdk import (
     make_dirs,
     write_file_atomically,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
-from laminar_sdk.reference._schemas import conform_batch
+from laminar_sdk.reference import Lifecycle, conform_batch
 
 from laminar_plugin_files._config import (
     PATH_KEY,

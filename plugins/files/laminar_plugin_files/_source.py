@@ -24,8 +24,7 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
-from laminar_sdk.reference._offsets import parse_count
+from laminar_sdk.reference import Lifecycle, parse_count
 
 from laminar_plugin_files._config import (
     SCHEMA_KEY,

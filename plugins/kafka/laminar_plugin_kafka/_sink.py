@@ -64,7 +64,7 @@ from laminar_sdk import (
     WriteError,
     WriteResult,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference import Lifecycle
 
 from laminar_plugin_kafka._client import (
     client_config,

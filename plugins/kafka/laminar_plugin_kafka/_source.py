@@ -38,7 +38,7 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference import Lifecycle
 
 from laminar_plugin_kafka._client import (
     PartitionKey,

@@ -57,7 +57,7 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference import Lifecycle
 
 from laminar_plugin_postgres._client import Session, connect, failure
 from laminar_plugin_postgres._config import (

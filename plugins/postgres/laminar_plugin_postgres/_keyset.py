@@ -44,7 +44,7 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference import Lifecycle
 from psycopg import sql
 
 from laminar_plugin_postgres._client import Session, connect, copy_out, failure, qualified

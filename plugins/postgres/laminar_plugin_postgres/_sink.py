@@ -76,7 +76,7 @@ from laminar_sdk import (
     crash_point,
     open_checkpointer,
 )
-from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference import Lifecycle
 from psycopg import sql
 
 from laminar_plugin_postgres._client import (
