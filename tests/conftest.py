@@ -28,6 +28,29 @@ T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
 
 
+SelectedParams = Callable[[str], set[Any]]
+
+
+@pytest.fixture(scope="module")
+def selected_params(request: pytest.FixtureRequest) -> SelectedParams:
+    """``selected_params(name)``: the values of parameter ``name`` in the module's selected tests.
+
+    A module fixture that starts one child per value prepares only what the run selected:
+    ``-m "not full"`` (CI) leaves out the values marked ``full``.
+    """
+
+    def values(name: str) -> set[Any]:
+        return {
+            item.callspec.params[name]
+            for item in request.session.items
+            if isinstance(item, pytest.Function)
+            and item.path == request.path
+            and name in item.callspec.params
+        }
+
+    return values
+
+
 @pytest.fixture
 def run() -> Callable[[Coroutine[Any, Any, Any]], Any]:
     """Run a coroutine to completion: ``run(connector.open(config))``."""

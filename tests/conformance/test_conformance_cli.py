@@ -200,7 +200,10 @@ def test_an_installed_plugin_is_checked_through_its_own_context(tmp_path, instal
         modules={"installed_plugin": PLUGIN_SOURCE},
         plugins={"installed": "installed_plugin"},
     )
-    result = conformance("run", "installed-memory", "--seed", "3", cwd=tmp_path, path=site)
+    # The Spark layer on an installed plugin: tests/test_scaffold.py (the generated project).
+    result = conformance(
+        "run", "installed-memory", "--seed", "3", "--no-spark", cwd=tmp_path, path=site
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "sink 'installed-memory' from laminar-plugin-installed 1.0.0" in result.stdout
 

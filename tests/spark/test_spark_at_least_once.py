@@ -16,7 +16,8 @@ from laminar_conformance.spark import SparkPipeline, run_in_child, start_child
 
 from laminar_sdk.reference import MemorySink, MemorySource
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Nightly: CI checks the refusal and the warning without Spark (tests/test_delivery.py).
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.full]
 
 NO_REPLAY_PLUGIN = """
 from laminar_sdk import hookimpl

@@ -22,7 +22,8 @@ from spark_pipelines import exactly_once_pipeline, expected_ids
 
 from laminar_sdk.reference import MemorySink
 
-pytestmark = pytest.mark.spark
+# The repair command itself is tested without Spark (tests/checkpoint/test_checkpoint_cli.py).
+pytestmark = [pytest.mark.spark, pytest.mark.full]
 
 ROWS = 30
 COMMAND = re.compile(r"`(laminar checkpoints quarantine /[^`]+)`")  # not the generic advice

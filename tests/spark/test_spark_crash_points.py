@@ -355,12 +355,16 @@ def crash_then_restart(work: Path, crash: str) -> tuple[ChildRun, list[int]]:
     return killed, sorted(MemorySink.committed_ids(work / "sink"))
 
 
+# CI kills inside commit_epoch (tests/spark/test_live_source_recovery.py inside a source's
+# read); `tox -e full` at every point inside a call.
 SPARK_POINTS = [
-    pytest.param("pre-commit-inside:1", id="3-pre-commit-inside"),
+    pytest.param("pre-commit-inside:1", id="3-pre-commit-inside", marks=pytest.mark.full),
     pytest.param("commit-inside:1:2", id="6-commit-inside"),
-    pytest.param("source-read:1:2", id="9-source-read"),
+    pytest.param("source-read:1:2", id="9-source-read", marks=pytest.mark.full),
     # The 4th write of the checkpoint store: publishing micro-batch 1's manifest (file store).
-    pytest.param("checkpoint-write:1:4", id="10-checkpoint-write-torn-manifest"),
+    pytest.param(
+        "checkpoint-write:1:4", id="10-checkpoint-write-torn-manifest", marks=pytest.mark.full
+    ),
 ]
 
 
@@ -393,6 +397,7 @@ def test_a_child_keeps_its_temporary_files_in_a_directory_given_to_the_jvm(tmp_p
 
 
 @pytest.mark.spark
+@pytest.mark.full  # in CI, the demo's killed run checks the same (tests/spark/test_laminar_run.py)
 def test_a_killed_driver_leaves_no_temporary_files(tmp_path):
     pipeline = exactly_once_pipeline(tmp_path, ROWS)
     child = start_child(pipeline, tmp_path, "killed", crash="commit-inside:1:2")

@@ -26,7 +26,8 @@ from laminar_conformance.services._kafka import _free_port
 
 from laminar_sdk.reference import MemorySink
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+# Every other Spark test runs on local[2]; a cluster of its own is a nightly check.
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.full]
 
 PYSPARK_HOME = Path(pyspark.__file__).parent
 START_TIMEOUT_S = 180
