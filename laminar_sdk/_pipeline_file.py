@@ -20,7 +20,8 @@ A pipeline file names a source, an optional Spark SQL transform, a sink, and how
     master = "local[2]"               # or spark://host:7077
     trigger = "available-now"         # or "continuous" (one micro-batch every `interval_s`)
     interval_s = 1.0
-    max_records_per_batch = 100000
+    max_bytes_per_batch = "256m"      # optional: most bytes one micro-batch reads (default 256m)
+    max_records_per_batch = 100000    # optional: most records, besides (default: no cap)
 
 Relative paths (``checkpoint_location``, and connector values of keys named ``path``) are
 resolved against the file's directory, so a pipeline runs the same from any working directory.
@@ -28,12 +29,14 @@ resolved against the file's directory, so a pipeline runs the same from any work
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laminar_sdk._config import parse_byte_size
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._types import DeliveryGuarantee
 
@@ -47,6 +50,7 @@ _PIPELINE_KEYS = {
     "master",
     "trigger",
     "interval_s",
+    "max_bytes_per_batch",
     "max_records_per_batch",
 }
 
@@ -67,6 +71,7 @@ class PipelineFile:
     master: str
     trigger: str
     interval_s: float
+    max_bytes_per_batch: int | None
     max_records_per_batch: int | None
 
 
@@ -140,6 +145,7 @@ def load_pipeline_file(path: Path) -> PipelineFile:
         raise _fail(path, "pipeline.interval_s", "must be a positive number of seconds")
     if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
         raise _fail(path, "pipeline.max_records_per_batch", "must be a positive integer")
+    max_bytes = _byte_size(path, settings.get("max_bytes_per_batch"))
     try:
         delivery = DeliveryGuarantee.parse(_text(settings.get("delivery", "at-least-once")))
     except ConfigurationError as error:
@@ -158,8 +164,27 @@ def load_pipeline_file(path: Path) -> PipelineFile:
         master=_text(settings.get("master", "local[2]")),
         trigger=trigger,
         interval_s=float(interval),
+        max_bytes_per_batch=max_bytes,
         max_records_per_batch=max_records,
     )
+
+
+def _byte_size(path: Path, value: object) -> int | None:
+    size = 0
+    if value is None:
+        return None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            size = parse_byte_size(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    if size < 1:
+        raise _fail(
+            path,
+            "pipeline.max_bytes_per_batch",
+            f'must be a positive number of bytes, or a size like "64m" or "1g"; got {value!r}',
+        )
+    return size
 
 
 def pipeline_file_help() -> str:

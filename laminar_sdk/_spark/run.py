@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._pipeline_file import PipelineFile
-from laminar_sdk._spark.options import CHECKPOINT_STORE, DELIVERY, MAX_RECORDS_PER_BATCH
+from laminar_sdk._spark.options import (
+    CHECKPOINT_STORE,
+    DELIVERY,
+    MAX_BYTES_PER_BATCH,
+    MAX_RECORDS_PER_BATCH,
+)
 from laminar_sdk._spark.session import build_session
 
 SOURCE_VIEW = "source"
@@ -46,6 +51,8 @@ def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
         # Both sides keep what must survive a crash under it (a polled source: its read log).
         .option("checkpointLocation", checkpoint_location)
     )
+    if pipeline.max_bytes_per_batch is not None:
+        reader = reader.option(MAX_BYTES_PER_BATCH, str(pipeline.max_bytes_per_batch))
     if pipeline.max_records_per_batch is not None:
         reader = reader.option(MAX_RECORDS_PER_BATCH, str(pipeline.max_records_per_batch))
     if pipeline.checkpoint_store is not None:
