@@ -34,10 +34,12 @@ Any other sink is written in ``commit``, by one instance:
 - ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
   one that was not), skips an epoch committed already, and otherwise runs the epoch:
   ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →
-  ``commit_epoch`` → manifest marked committed. Every batch passes through the driver, so a
-  micro-batch must fit in its memory: bound it with the source's
-  ``laminar.max.records.per.batch``. The micro-batch's hand-off files are removed when the
-  commit ends, however it ends.
+  ``commit_epoch`` → manifest marked committed. Every batch passes through the committing
+  process, one at a time: batches handed over in files are read one after the other as the
+  sink takes them, so its memory holds a batch, not the micro-batch. Batches that came in
+  commit messages are all in memory, compressed, since Spark hands the commit every message
+  at once. The micro-batch's hand-off files are removed when the commit ends, however it
+  ends.
 
 In both, ``abort`` lets the coordinator recover, which rolls back the undecided epoch — every
 task's staging of it — and never one whose commit was decided. Rolling back at the start of a
@@ -93,7 +95,8 @@ MESSAGE_IPC_OPTIONS = pa.ipc.IpcWriteOptions(
 )
 """How a write task serializes its batches into a commit message (see the module doc).
 
-A hand-off file is not compressed: the commit maps it, and decompressing would be its work."""
+A hand-off file is not compressed: the commit reads it locally, and decompressing would be
+its work."""
 
 
 class BatchesMessage(WriterCommitMessage, ABC):
@@ -129,18 +132,24 @@ class HandedOffBatchesMessage(BatchesMessage):
     query_id: str | None = None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """The task's batches, in the order it wrote them, mapped from the file.
+        """The task's batches, in the order it wrote them, read from the file one at a time.
+
+        Read, not memory-mapped: the pages of a mapped file count in the committing process's
+        resident memory until the kernel reclaims them, so a micro-batch of gigabytes would
+        look (and, to a container's memory limit, be) that large. A batch read is freed once
+        the sink has it written.
 
         :raises InvalidState: when the file is gone (removed while the commit ran).
         """
         try:
-            stream = pa.ipc.open_stream(pa.memory_map(self.path))
+            file = pa.OSFile(self.path)
         except FileNotFoundError:
             raise InvalidState(
                 f"the hand-off file {self.path} of a write task, until its micro-batch commits",
                 "the file is gone; was the temporary directory cleaned while the query ran?",
             ) from None
-        yield from stream
+        with file:
+            yield from pa.ipc.open_stream(file)
 
 
 @dataclass(frozen=True)
