@@ -45,7 +45,9 @@ pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
+import bisect
 import hashlib
 import json
 import os
@@ -76,6 +78,7 @@ from laminar_sdk import load_connector_registry, spark_temporary_files_in
 from laminar_sdk.spark import build_session
 
 TARGET = 0.8
+WARM_UP = 1_000_000
 SEQUENCE_DIGITS = 12  # each value starts with its sequence number, so duplicates show
 # The rest of a value is random bytes, cut from a pool far larger than LZ4's 64 KiB window at
 # spread-out places: values do not compress, so no variant gains by compressing what it moves.
@@ -131,11 +134,15 @@ class Topics:
 
 @dataclass(frozen=True, slots=True)
 class Contents:
-    """What a topic holds, read committed: records, distinct sequence numbers, value bytes."""
+    """What a topic holds, read committed: records, distinct sequence numbers, value bytes.
+
+    ``created_ms``: every record's timestamp (its producer's clock when it was produced).
+    """
 
     records: int
     distinct: int
     value_bytes: int
+    created_ms: array.array[int]
 
 
 # Kafka ------------------------------------------------------------------------------------
@@ -212,6 +219,7 @@ def read_back(bootstrap: str, topic: str, expected: int) -> Contents:
         assignment = _partitions(consumer, topic)
         consumer.assign(assignment)
         seen = bytearray(expected)
+        created_ms = array.array("q")
         records = distinct = value_bytes = 0
         ended: set[int] = set()
         deadline = time.monotonic() + TIMEOUT_S
@@ -227,15 +235,54 @@ def read_back(bootstrap: str, topic: str, expected: int) -> Contents:
                     continue
                 ended.discard(message.partition() or 0)
                 value = message.value() or b""
+                created_ms.append(message.timestamp()[1])
                 records += 1
                 value_bytes += len(value)
                 sequence = int(value[:SEQUENCE_DIGITS])
                 if 0 <= sequence < expected and not seen[sequence]:
                     seen[sequence] = 1
                     distinct += 1
-        return Contents(records, distinct, value_bytes)
+        return Contents(records, distinct, value_bytes, created_ms)
     finally:
         consumer.close()
+
+
+def epoch_markers(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+    """The laminar sink's epoch markers in ``topic``: (epoch, when it was produced, in ms)."""
+    consumer = _consumer(bootstrap)
+    try:
+        assignment = _partitions(consumer, topic)
+        consumer.assign(assignment)
+        markers, ended = [], 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while ended < len(assignment) and time.monotonic() < deadline:
+            for message in consumer.consume(FETCH, 1.0):
+                if message.error() is not None:
+                    ended += message.error().code() == KafkaError._PARTITION_EOF
+                    continue
+                epoch = json.loads(message.value() or b"{}")["epoch"]
+                markers.append((epoch, message.timestamp()[1]))
+        return sorted(markers, key=lambda marker: marker[1])
+    finally:
+        consumer.close()
+
+
+def produce_spans(markers: list[tuple[int, int]], created_ms: array.array[int]) -> list[str]:
+    """Each epoch's records and how long its producer took, from its first record to its marker.
+
+    The sink produces an epoch's records, then its marker, then flushes and commits; the
+    epochs follow one another. So the records of an epoch are those produced after the
+    previous marker and up to its own.
+    """
+    created = sorted(created_ms)
+    spans, before = [], 0
+    for epoch, marker_ms in markers:
+        until = bisect.bisect_right(created, marker_ms)
+        if until > before:
+            seconds = (marker_ms - created[before]) / 1000
+            spans.append(f"epoch {epoch}: {until - before} records in {seconds:.2f} s")
+        before = until
+    return spans
 
 
 # In-process readers ------------------------------------------------------------------------
@@ -314,13 +361,15 @@ def _artifact(jar: Path) -> str:
 def start_laminar(
     spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
 ) -> StreamingQuery:
+    """The laminar pipeline; ``batch_messages`` 0: the default micro-batch size."""
+    records = {"laminar.max.records.per.batch": str(batch_messages)} if batch_messages else {}
     return (
         spark.readStream.format("laminar")
         .option("connector", "kafka")
         .option("bootstrap.servers", bootstrap)
         .option("topic", route.input)
         .option("laminar.delivery", "exactly-once")
-        .option("laminar.max.records.per.batch", str(batch_messages))
+        .options(**records)
         .load()
         .select("key", "value")
         .writeStream.format("laminar")
@@ -338,12 +387,14 @@ def start_laminar(
 def start_spark(
     spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
 ) -> StreamingQuery:
+    """Spark's own pipeline; ``batch_messages`` 0: the default (everything available)."""
+    records = {"maxOffsetsPerTrigger": str(batch_messages)} if batch_messages else {}
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", route.input)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(batch_messages))
+        .options(**records)
         .load()
         .select("key", "value")
         .writeStream.format("kafka")
@@ -503,6 +554,7 @@ def read_in_process(
 def run(args: argparse.Namespace) -> None:
     jars = spark_kafka_jars(args.spark_kafka_version, args.spark_kafka_pin)
     messages = args.messages
+    batches = f"micro-batches of {args.batch_messages}" if args.batch_messages else "defaults"
     with (
         kafka_service() as kafka,
         bench_topics(kafka.bootstrap_servers, args.partitions, args.repeat) as topics,
@@ -510,16 +562,19 @@ def run(args: argparse.Namespace) -> None:
         bootstrap = kafka.bootstrap_servers
         print(
             f"broker {bootstrap} ({kafka.provider.value}); {messages} messages of {args.size} "
-            f"bytes, {args.partitions} partitions; micro-batches of {args.batch_messages}; "
-            f"warm-up {args.warm_up} messages; {args.repeat} timed run(s) each, medians; "
-            f"spark-sql-kafka {args.spark_kafka_version}"
-            + "".join(f", pinned {pin}" for pin in args.spark_kafka_pin),
+            f"bytes, {args.partitions} partitions; {batches}; warm-up {args.warm_up} messages; "
+            f"{args.repeat} timed run(s) each, medians; spark-sql-kafka "
+            f"{args.spark_kafka_version}"
+            + "".join(f", pinned {pin}" for pin in args.spark_kafka_pin)
+            + f"; load {os.getloadavg()}",
             flush=True,
         )
         produce(bootstrap, topics.input(warm_up=True), args.warm_up, args.size, args.partitions)
         produced = produce(bootstrap, topics.input(), messages, args.size, args.partitions)
         report("produce", [produced], messages)
-        seconds = read_in_process(bootstrap, topics.input(), messages, args.size, args.repeat)
+        seconds = {}
+        if args.readers:
+            seconds = read_in_process(bootstrap, topics.input(), messages, args.size, args.repeat)
         for variant in VARIANTS:
             routes = topics.routes(variant)
             warm_up, *timed = in_own_process(
@@ -530,28 +585,46 @@ def run(args: argparse.Namespace) -> None:
             for route in routes[1:]:
                 contents = read_back(bootstrap, route.output, messages)
                 print(check(variant, contents, messages, args.size, variant == "laminar"))
+                if variant == "laminar":
+                    markers = epoch_markers(bootstrap, f"{route.output}.laminar-epochs")
+                    spans = produce_spans(markers, contents.created_ms)
+                    print(f"  produce time per epoch: {'; '.join(spans)}")
+                delete_topics(bootstrap, [route.output])  # room on the broker's disk
+            print(f"(load {os.getloadavg()})", flush=True)
     pipeline = seconds["spark pipeline"] / seconds["laminar pipeline"]
     verdict = "met" if pipeline >= TARGET else "MISSED"
     print(
         f"laminar pipeline / spark pipeline: {pipeline:.2f}x "
         f"(target >= {TARGET}x: {verdict}; laminar exactly-once, spark at-least-once)"
     )
-    source = seconds["plain consumer"] / seconds["laminar source"]
-    print(f"laminar source / plain consumer:   {source:.2f}x")
+    if args.readers:
+        source = seconds["plain consumer"] / seconds["laminar source"]
+        print(f"laminar source / plain consumer:   {source:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="bytes per message value")
+    parser.add_argument("--messages", type=int, default=5_000_000)
+    parser.add_argument("--size", type=int, default=1024, help="bytes per message value")
     parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--batch-messages", type=int, default=250_000)
+    parser.add_argument(
+        "--batch-messages",
+        type=int,
+        default=0,
+        help="messages per micro-batch for both pipelines (default 0: each one's defaults)",
+    )
     parser.add_argument(
         "--warm-up",
         type=int,
-        help="messages of each untimed warm-up query (default: as many as --messages)",
+        help=f"messages of each untimed warm-up query (default: {WARM_UP:,} at most)",
     )
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each variant")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each variant")
+    parser.add_argument(
+        "--readers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the in-process readers (the kafka source, a plain consumer)",
+    )
     parser.add_argument("--spark-kafka-version", default=pyspark.__version__)
     parser.add_argument("--spark-kafka-pin", action="append", default=[], metavar="G:A:V")
     # Internal: run one Spark pipeline in this process (see in_own_process).
@@ -561,14 +634,16 @@ def main() -> None:
     parser.add_argument("--pipeline-jars", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.warm_up is None:
-        args.warm_up = args.messages
+        args.warm_up = min(args.messages, WARM_UP)
     if args.pipeline:
         pipeline_main(args)
         return
     if args.size < SEQUENCE_DIGITS:
         parser.error(f"--size must be at least {SEQUENCE_DIGITS} (values carry a sequence number)")
-    if min(args.messages, args.partitions, args.batch_messages, args.warm_up, args.repeat) < 1:
-        parser.error("--messages, --partitions, --batch-messages, --warm-up, --repeat: >= 1")
+    if min(args.messages, args.partitions, args.warm_up, args.repeat) < 1:
+        parser.error("--messages, --partitions, --warm-up, --repeat: >= 1")
+    if args.batch_messages < 0:
+        parser.error("--batch-messages: >= 0 (0: each pipeline's defaults)")
     run(args)
 
 
