@@ -20,7 +20,6 @@ unconverted).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from laminar_sdk._connector import SourceConnector
 from laminar_sdk._errors import InvalidState, ReadError
 from laminar_sdk._parallel import PartitionRange, RangeReadableSource
 from laminar_sdk._spark.arrow import conform_source_batch
-from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source
+from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source, run
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 from laminar_sdk._spark.read_log import (
     READ_LOG_DIRECTORY,
@@ -328,7 +327,7 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offset:  # noqa: N802 - Spark's name
         """The checkpoint of the freshly opened source: where a new query starts."""
-        return asyncio.run(self._initial()).to_dict()
+        return run(self._initial()).to_dict()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
         """The options' read limit (:func:`default_read_limit`)."""
@@ -343,7 +342,7 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         :raises CheckpointError: when the read log cannot be written.
         """
         checkpoint, _ = split_offset(start)
-        planned = asyncio.run(self._plan(checkpoint, micro_batch_bounds(limit, self._options)))
+        planned = run(self._plan(checkpoint, micro_batch_bounds(limit, self._options)))
         return start if planned is None else planned
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
@@ -364,13 +363,13 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if not isinstance(partition, LoggedInputPartition):
             raise InvalidState("a LoggedInputPartition", repr(partition))
-        return iter(asyncio.run(self._read_log().read(partition.slice)))
+        return iter(run(self._read_log().read(partition.slice)))
 
     def commit(self, end: Offset) -> None:
         """Delete the read-log entry of a micro-batch Spark committed (and older orphans)."""
         _, entry = split_offset(end)
         if entry is not None:
-            asyncio.run(self._read_log().discard(entry))
+            run(self._read_log().discard(entry))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         """Nothing to record: a source cannot be asked where its data ends today.

@@ -63,7 +63,6 @@ it (:meth:`EpochCoordinator.recover`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from abc import ABC, abstractmethod
@@ -79,7 +78,7 @@ from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState, WriteError
 from laminar_sdk._spark.arrow import conform
-from laminar_sdk._spark.connectors import opened_sink
+from laminar_sdk._spark.connectors import opened_sink, run
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
@@ -219,12 +218,12 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Commit micro-batch ``batchId`` as an epoch, or skip it if it was."""
         if self._distributed:
             staged = _messages(messages, batchId, StagedTaskMessage)
-            asyncio.run(self._commit_staged(staged, batchId))
+            run(self._commit_staged(staged, batchId))
             return
         # An abstract class is a fine isinstance() target (mypy's check is for instantiation).
         received = _messages(messages, batchId, BatchesMessage)  # type: ignore[type-abstract]
         try:
-            asyncio.run(self._commit(received, batchId))
+            run(self._commit(received, batchId))
         finally:
             self._discard_handoff(messages, batchId)
 
@@ -236,7 +235,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
         received = [m for m in messages if isinstance(m, BatchesMessage | StagedTaskMessage)]
         try:
-            asyncio.run(self._recover(_query_id(received), batchId))
+            run(self._recover(_query_id(received), batchId))
         finally:
             self._discard_handoff(messages, batchId)
 
@@ -309,7 +308,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
                 rows += batch.num_rows
                 yield batch
 
-        descriptor = asyncio.run(self._stage_task(int(batch_id), task, counted()))
+        descriptor = run(self._stage_task(int(batch_id), task, counted()))
         return StagedTaskMessage(descriptor, rows, query_id)
 
     async def _stage_task(self, epoch: int, task: str, batches: Iterator[pa.RecordBatch]) -> str:
