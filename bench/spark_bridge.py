@@ -17,7 +17,8 @@ file I/O. Five benches (``--only`` picks some):
 - ``latency`` (issue 22, target: at most +50 ms at p50): the fixed cost of a micro-batch. A
   query of the ``basic`` pipelines runs continuously; one 1-row Parquet file at a time is
   added to the source directory and timed until its row is visible in the sink's published
-  output (p50 and p95 of ``--latency-samples`` rows, each variant's queries in turn);
+  output (p50 and p95 of ``--latency-samples`` rows over ``--latency-rounds`` queries of
+  each variant, in turn), with the median of Spark's phases of those micro-batches;
 - ``memory`` (issue 22, target < 1 GiB): peak RSS of every Python process of the query while
   one micro-batch of ``--memory-bytes`` (4 GiB of 1 KiB rows by default, with
   ``laminar.max.bytes.per.batch`` raised to fit) goes through a one-instance sink (``null``),
@@ -33,8 +34,8 @@ each pipeline's median counts. Print the machine's load with the figures: they a
 measured side by side, but a busy machine still bends them.
 
 Usage: ``python bench/spark_bridge.py [--only basic,reads,latency,memory,ranges] [--repeat N]
-[--basic-rows N] [--read-rows N] [--range-rows N] [--latency-samples N] [--memory-bytes SIZE]
-[--backlog-bytes SIZE]``.
+[--basic-rows N] [--read-rows N] [--range-rows N] [--latency-samples N] [--latency-rounds N]
+[--memory-bytes SIZE] [--backlog-bytes SIZE]``.
 """
 
 from __future__ import annotations
@@ -312,9 +313,9 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
         ),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    rounds = max(1, args.repeat)
-    per_round = max(1, args.latency_samples // rounds)
-    for number in range(rounds + 1):  # round 0 warms up, untimed
+    phases: dict[str, dict[str, list[int]]] = {name: {} for name in variants}
+    per_round = max(1, -(-args.latency_samples // args.latency_rounds))
+    for number in range(args.latency_rounds + 1):  # round 0 warms up, untimed
         names = list(variants)
         for name in names[number % 2 :] + names[: number % 2]:
             directory = work / f"{number}-{name.split(',')[0]}"
@@ -324,10 +325,15 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
             try:
                 _wait_published(out, rows, query)
                 taken = [_one_row_latency(source, out, query, n) for n in range(per_round)]
+                _wait_idle(query)
             finally:
                 query.stop()
             if number:
                 samples[name] += taken
+                with_rows = [p for p in query.recentProgress if p["numInputRows"]]
+                for progress in with_rows[-per_round:]:
+                    for phase, ms in progress["durationMs"].items():
+                        phases[name].setdefault(phase, []).append(int(ms))
             shutil.rmtree(directory, ignore_errors=True)
     outcome = Outcome()
     medians = {}
@@ -337,6 +343,12 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
         print(
             f"{name:>28}: p50 {p50 * 1000:6.0f} ms  p95 {p95 * 1000:6.0f} ms  ({len(taken)} rows)"
         )
+        shown = ", ".join(
+            f"{phase} {statistics.median(ms):.0f}"
+            for phase, ms in sorted(phases[name].items())
+            if phase != "getBatch"
+        )
+        print(f"{'':>28}  Spark's phases of those micro-batches, median ms: {shown}")
     extra = medians["laminar, one-instance sink"] - medians["hand-written"]
     verdict = "met" if extra <= LATENCY_TARGET_S else "MISSED"
     outcome.lines.append(
@@ -362,6 +374,13 @@ def _one_row_latency(source: Path, out: Path, query: StreamingQuery, number: int
     os.replace(staged, source / f"{PARTITION_PREFIX}0" / f"{100_000 + number:06d}.parquet")
     _wait_published(out, before + 1, query)
     return time.perf_counter() - began
+
+
+def _wait_idle(query: StreamingQuery, timeout_s: float = 30) -> None:
+    """Wait for the micro-batch that published the last row to end (Spark's commit log)."""
+    deadline = time.monotonic() + timeout_s
+    while query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _wait_published(out: Path, rows: int, query: StreamingQuery, timeout_s: float = 120) -> None:
@@ -600,7 +619,8 @@ def main() -> None:
     parser.add_argument("--basic-rows", type=int, default=6_000_000)
     parser.add_argument("--read-rows", type=int, default=4_000_000)
     parser.add_argument("--range-rows", type=int, default=10_000_000)
-    parser.add_argument("--latency-samples", type=int, default=30)
+    parser.add_argument("--latency-samples", type=int, default=48)
+    parser.add_argument("--latency-rounds", type=int, default=8, help="queries per variant")
     parser.add_argument("--memory-bytes", type=parse_size, default=parse_size("4g"))
     parser.add_argument("--backlog-bytes", type=parse_size, default=parse_size("2g"))
     args = parser.parse_args()
