@@ -1,9 +1,13 @@
-"""Sources of wide rows for the memory benchmark: gigabytes without gigabytes of input files.
+"""Wide rows for the memory benchmark: gigabytes without gigabytes of input files.
 
-- ``bench-payload``: ``rows`` rows in each of ``partitions`` partitions, each row an ``id``
-  and a ``payload`` of ``payload_bytes`` bytes; range-readable, so Spark's tasks make the rows;
-- ``bench-payload-polled``: the same rows, polled (not range-readable): the bridge polls it in
-  its planning process into the read log.
+- ``bench-payload`` source: ``rows`` rows in each of ``partitions`` partitions, each row an
+  ``id`` and a ``payload`` of ``payload_bytes`` bytes; range-readable, so Spark's tasks make
+  the rows;
+- ``bench-payload-polled`` source: the same rows, polled (not range-readable): the bridge
+  polls it in its planning process into the read log;
+- ``bench-payload`` sink: a one-instance sink that reads every byte it is given (a checksum,
+  as a sink encoding or sending the records would) and keeps nothing but a count: each
+  epoch's rows and bytes, appended to ``path`` at ``commit_epoch``.
 
 The payload bytes are zeros (nothing on the path compresses them).
 """
@@ -11,7 +15,10 @@ The payload bytes are zeros (nothing on the path compresses them).
 from __future__ import annotations
 
 import functools
+import json
+import zlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -22,9 +29,11 @@ from laminar_sdk import (
     PartitionInfo,
     PartitionRange,
     RangeReadableSource,
+    SinkConnector,
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
+    WriteResult,
     hookimpl,
 )
 
@@ -109,6 +118,40 @@ class PolledPayloadSource(PayloadSource):
         return None
 
 
+class CountingSink(SinkConnector):
+    """Reads every byte of each epoch, and appends its rows and bytes to ``path`` at commit."""
+
+    def __init__(self) -> None:
+        self._path = Path()
+        self._counts = (0, 0)
+
+    async def open(self, config: ConnectorConfig) -> None:
+        self._path = Path(config.require("path"))
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    async def begin_epoch(self, epoch: int) -> None:
+        self._counts = (0, 0)
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        for column in batch.columns:
+            for buffer in column.buffers():
+                if buffer is not None:
+                    zlib.adler32(buffer)
+        rows, size = self._counts
+        self._counts = (rows + batch.num_rows, size + batch.nbytes)
+        return WriteResult(batch.num_rows, batch.nbytes)
+
+    async def commit_epoch(self, epoch: int) -> None:
+        rows, size = self._counts
+        with self._path.open("a") as counts:
+            counts.write(json.dumps({"epoch": epoch, "rows": rows, "bytes": size}) + "\n")
+
+    async def close(self) -> None:
+        pass
+
+
 _KEYS = [
     ConfigKeySpec("rows", default="1000", value_type=int, description="rows per partition"),
     ConfigKeySpec("partitions", default="2", value_type=int, description="partitions"),
@@ -121,3 +164,5 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
     """Register the payload sources."""
     registry.add_source("bench-payload", PayloadSource, config_keys=_KEYS)
     registry.add_source("bench-payload-polled", PolledPayloadSource, config_keys=_KEYS)
+    path = ConfigKeySpec("path", required=True, description="the file the counts go to")
+    registry.add_sink("bench-payload", CountingSink, config_keys=[path])

@@ -21,7 +21,8 @@ file I/O. Five benches (``--only`` picks some):
   each variant, in turn), with the median of Spark's phases of those micro-batches;
 - ``memory`` (issue 22, target < 1 GiB): peak RSS of every Python process of the query while
   one micro-batch of ``--memory-bytes`` (4 GiB of 1 KiB rows by default, with
-  ``laminar.max.bytes.per.batch`` raised to fit) goes through a one-instance sink (``null``),
+  ``laminar.max.bytes.per.batch`` raised to fit) goes through a one-instance sink that only
+  counts (``bench-payload``),
   then how a backlog of ``--backlog-bytes`` of a polled source splits into micro-batches under
   the default byte budget;
 - ``ranges`` (issue 4, target >= 0.9x hand-written): the range-readable ``generator`` into the
@@ -41,6 +42,7 @@ Usage: ``python bench/spark_bridge.py [--only basic,reads,latency,memory,ranges]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -459,7 +461,7 @@ def _python_role(pid: int) -> str | None:
         return "the driver's own Python process (this script)"
     if "python" not in Path(argv[0]).name:
         return None
-    return " ".join(part for part in argv[1:3] if part) or argv[0]
+    return " ".join(part for part in argv[1:4] if part) or argv[0]
 
 
 def _high_water_mark(pid: int) -> int | None:
@@ -472,13 +474,18 @@ def _high_water_mark(pid: int) -> int | None:
     return None
 
 
+def _print_peaks(rss: PeakRss) -> None:
+    for role, peak in sorted(rss.by_role().items(), key=lambda item: -item[1]):
+        print(f"  {peak / 2**20:8.0f} MiB  {role}")
+
+
 def bench_memory(spark: SparkSession, args: argparse.Namespace, work: Path) -> Outcome:
     """Peak RSS of a huge micro-batch through a one-instance sink; a backlog in byte budgets."""
-    row_bytes = 1024
+    row_bytes = 1024  # in Arrow: the id (8 bytes), the payload's offset (4) and its bytes
     rows = args.memory_bytes // row_bytes
     print(
         f"\n== memory: one micro-batch of {args.memory_bytes / 2**30:.1f} GiB "
-        f"({rows:,} rows of {row_bytes} B) into a one-instance sink (null)",
+        f"({rows:,} rows of {row_bytes} B) into a one-instance sink (bench-payload)",
         flush=True,
     )
     payload = {"connector": "bench-payload", "rows": str(rows // 2), "partitions": "2"}
@@ -486,16 +493,19 @@ def bench_memory(spark: SparkSession, args: argparse.Namespace, work: Path) -> O
         began = time.perf_counter()
         query = laminar_query(
             spark,
-            payload | {"payload_bytes": str(row_bytes - 16)},
-            {"connector": "null"},
+            payload | {"payload_bytes": str(row_bytes - 12)},
+            {"connector": "bench-payload", "path": str(work / "counts.jsonl")},
             work / "huge",
             max_bytes_per_batch=str(args.memory_bytes + (1 << 20)),
         )
         micro_batches = finish(query)
         elapsed = time.perf_counter() - began
-    print(f"{micro_batches} micro-batch(es) in {elapsed:.1f} s; peak RSS by process:")
-    for role, peak in sorted(rss.by_role().items(), key=lambda item: -item[1]):
-        print(f"  {peak / 2**20:8.0f} MiB  {role}")
+    counts = [json.loads(line) for line in (work / "counts.jsonl").read_text().splitlines()]
+    assert sum(count["rows"] for count in counts) == rows // 2 * 2, counts
+    counted = ", ".join(f"{c['rows']:,} rows ({c['bytes'] / 2**30:.2f} GiB)" for c in counts)
+    print(f"{micro_batches} micro-batch(es) in {elapsed:.1f} s, the sink counted {counted}")
+    print("peak RSS by process:")
+    _print_peaks(rss)
     worst = max(rss.by_role().values())
     outcome = Outcome()
     verdict = "met" if worst < RSS_TARGET_BYTES else "MISSED"
@@ -512,16 +522,14 @@ def bench_memory(spark: SparkSession, args: argparse.Namespace, work: Path) -> O
     polled = payload | {
         "connector": "bench-payload-polled",
         "rows": str(backlog_rows // 2),
-        "payload_bytes": str(row_bytes - 16),
+        "payload_bytes": str(row_bytes - 12),
     }
     with PeakRss() as rss:
         query = laminar_query(spark, polled, None, work / "backlog")
         query.awaitTermination()
     sizes = [p["numInputRows"] * row_bytes for p in query.recentProgress if p["numInputRows"]]
-    print(
-        f"{len(sizes)} micro-batches, the largest {max(sizes) / 2**20:.0f} MiB, "
-        f"peak RSS {max(rss.by_role().values()) / 2**20:.0f} MiB"
-    )
+    print(f"{len(sizes)} micro-batches, the largest {max(sizes) / 2**20:.1f} MiB; peak RSS:")
+    _print_peaks(rss)
     outcome.lines.append(
         f"memory, {args.backlog_bytes / 2**30:.1f} GiB backlog: {len(sizes)} micro-batches of "
         f"at most {max(sizes) / 2**20:.0f} MiB"
