@@ -3,33 +3,40 @@
 One run starts a Kafka broker (``laminar_conformance.services.kafka_service()``: the cluster
 named by ``LAMINAR_KAFKA_BOOTSTRAP``, else a local one), produces N messages of ``--size``
 bytes (a sequence number, then random bytes: they do not compress) to an input topic of
-``--partitions`` partitions, and times four ways to move them:
+``--partitions`` partitions — a steady backlog, 5M messages of 1 KiB by default — and times
+four ways to move them:
 
 - laminar pipeline: ``format("laminar")`` ``kafka`` source -> ``kafka`` sink on Spark
   ``local[2]``, exactly once (a Kafka transaction per micro-batch);
 - Spark's own pipeline: ``format("kafka")`` source -> sink, with the ``spark-sql-kafka-0-10``
   jars from Maven Central (its sink is at-least-once);
 - laminar source: the ``kafka`` source connector's ``poll_batch`` loop, in this process;
-- plain consumer: a confluent-kafka ``consume()`` loop, in this process.
+- plain consumer: a confluent-kafka ``consume()`` loop, in this process (``--no-readers``
+  leaves these two out).
 
 Each Spark pipeline runs in a process of its own (its own session and JVM: the Kafka jars are
-set at session start) on ``local[2]``, both with the same micro-batch size
-(``--batch-messages``: the laminar one's ``laminar.max.records.per.batch``, Spark's
+set at session start) on ``local[2]``, each with its own default micro-batch size (laminar:
+everything available up to ``laminar.max.bytes.per.batch``; Spark: everything available), or
+both with ``--batch-messages`` (the laminar one's ``laminar.max.records.per.batch``, Spark's
 ``maxOffsetsPerTrigger``). Each process first runs its query once, untimed, on a warm-up topic
-(``--warm-up`` messages, by default as many as a timed query reads: Python workers started,
-JVM classes loaded and their hot code compiled), then ``--repeat`` timed queries, each from
-building it until ``trigger(availableNow=True)`` finishes, each into a topic of its own. (After
-a warm-up of 10,000 messages, five timed queries of Spark's own pipeline in a row took 4.88,
-3.31, 2.73, 2.47 and 2.53 s: a median of three then weighed the JVM's warming up as much as
-the pipeline.) Every output topic is read back with ``isolation.level=read_committed``: a
+(``--warm-up`` messages, at most 1M by default: Python workers started, JVM classes loaded and
+their hot code compiled), then ``--repeat`` timed queries, each from building it until
+``trigger(availableNow=True)`` finishes, each into a topic of its own. (After a warm-up of
+10,000 messages, five timed queries of Spark's own pipeline in a row took 4.88, 3.31, 2.73,
+2.47 and 2.53 s: a median of three then weighed the JVM's warming up as much as the pipeline.)
+Every output topic is read back with ``isolation.level=read_committed`` and then deleted: a
 laminar one must hold every message exactly once (else the run fails); duplicates in Spark's
-are reported. The in-process readers, taking turns, each read all N messages from the start
-``--repeat`` times and sum the bytes of their values. Times and ratios are medians.
+are reported. For a laminar output, the time its one producer took for each epoch is printed:
+from the epoch's first record to its epoch marker, by the records' timestamps (the flush and
+the commit come after). The child processes print, on standard error, where each query's time
+went (Spark's phases) and the peak memory of their Python processes. The in-process readers,
+taking turns, each read all N messages from the start ``--repeat`` times and sum the bytes of
+their values. Times and ratios are medians.
 
 Usage::
 
-    python bench/kafka_pipeline.py [--messages 1000000] [--size 100] [--partitions 2]
-        [--batch-messages 250000] [--warm-up MESSAGES] [--repeat 5]
+    python bench/kafka_pipeline.py [--messages 5000000] [--size 1024] [--partitions 2]
+        [--batch-messages N] [--warm-up MESSAGES] [--repeat 3] [--no-readers]
         [--spark-kafka-version VERSION] [--spark-kafka-pin G:A:V]
 
 ``--spark-kafka-version`` defaults to the installed PySpark's version; name another release
@@ -38,8 +45,9 @@ when the Maven repository has no ``spark-sql-kafka-0-10_2.13`` of that version, 
 ``--spark-kafka-version 4.2.0 --spark-kafka-pin
 org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0``.
 
-Prints each variant's time and messages/s and the ratios. Target (issue 6): the laminar
-pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's sink does not.
+Prints each variant's time and messages/s and the ratios. Target (issues 6 and 22): the
+laminar pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's sink
+does not.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pyspark
+from _memory import PeakRss, print_peaks
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from laminar_conformance.services import ServiceError, die_with_parent, kafka_service
@@ -464,12 +473,15 @@ def pipeline_main(args: argparse.Namespace) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     seconds: list[float] = []
     try:
-        for route in routes:
-            began = time.perf_counter()
-            query = start(spark, args.pipeline_bootstrap, route, args.batch_messages, work)
-            query.awaitTermination()
-            seconds.append(time.perf_counter() - began)
-            print_breakdown(args.pipeline, query, seconds[-1])
+        with PeakRss() as rss:
+            for route in routes:
+                began = time.perf_counter()
+                query = start(spark, args.pipeline_bootstrap, route, args.batch_messages, work)
+                query.awaitTermination()
+                seconds.append(time.perf_counter() - began)
+                print_breakdown(args.pipeline, query, seconds[-1])
+        print(f"  {args.pipeline}: peak RSS of its Python processes", file=sys.stderr)
+        print_peaks(rss, sys.stderr)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
