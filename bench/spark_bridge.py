@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -122,6 +123,12 @@ def published_rows(directory: Path) -> int:
     )
 
 
+def _end_offset(progress: Any) -> dict[str, Any]:  # noqa: ANN401 - Spark's progress object
+    """The end offset of a micro-batch's (only) source, from Spark's progress report."""
+    offset = progress["sources"][0]["endOffset"]
+    return json.loads(offset) if isinstance(offset, str) else dict(offset)
+
+
 def finish(query: StreamingQuery) -> int:
     """Wait for an available-now query; how many micro-batches it ran."""
     query.awaitTermination()
@@ -158,6 +165,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
     """Basic-contract plugin, Parquet to Parquet, exactly once, against the hand-written one."""
     print(f"\n== basic: {args.basic_rows:,} rows, Parquet files -> Parquet files", flush=True)
     batches: dict[str, int] = {}
+    slices: dict[str, list[int]] = {}
 
     def run(rows: int, directory: Path, first: int = 0) -> dict[str, float]:
         source = directory / "input"
@@ -174,6 +182,11 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
                     directory / f"{sink}-checkpoint",
                 )
                 batches[sink] = finish(query)
+                slices[sink] = [
+                    len(_end_offset(progress)["read_log"]["slices"])
+                    for progress in query.recentProgress
+                    if progress["numInputRows"]
+                ]
                 assert published_rows(out) == rows, f"{sink}: {published_rows(out)} != {rows}"
 
             return pipeline
@@ -207,7 +220,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
         work,
         args.basic_rows,
     )
-    print(f"micro-batches per run: {batches}")
+    print(f"micro-batches per run: {batches}; read-log slices (tasks) of each: {slices}")
     outcome = Outcome()
     baseline = seconds["hand-written"]
     outcome.ratio(
@@ -444,10 +457,15 @@ def bench_memory(spark: SparkSession, args: argparse.Namespace, work: Path) -> O
         "payload_bytes": str(row_bytes - 12),
     }
     with PeakRss() as rss:
+        began = time.perf_counter()
         query = laminar_query(spark, polled, None, work / "backlog")
         query.awaitTermination()
+        elapsed = time.perf_counter() - began
     sizes = [p["numInputRows"] * row_bytes for p in query.recentProgress if p["numInputRows"]]
-    print(f"{len(sizes)} micro-batches, the largest {max(sizes) / 2**20:.1f} MiB; peak RSS:")
+    print(
+        f"{len(sizes)} micro-batches in {elapsed:.1f} s, the largest {max(sizes) / 2**20:.1f} "
+        "MiB; peak RSS:"
+    )
     print_peaks(rss)
     outcome.lines.append(
         f"memory, {args.backlog_bytes / 2**30:.1f} GiB backlog: {len(sizes)} micro-batches of "
