@@ -3,33 +3,40 @@
 One run starts a Kafka broker (``laminar_conformance.services.kafka_service()``: the cluster
 named by ``LAMINAR_KAFKA_BOOTSTRAP``, else a local one), produces N messages of ``--size``
 bytes (a sequence number, then random bytes: they do not compress) to an input topic of
-``--partitions`` partitions, and times four ways to move them:
+``--partitions`` partitions — a steady backlog, 5M messages of 1 KiB by default — and times
+four ways to move them:
 
 - laminar pipeline: ``format("laminar")`` ``kafka`` source -> ``kafka`` sink on Spark
   ``local[2]``, exactly once (a Kafka transaction per micro-batch);
 - Spark's own pipeline: ``format("kafka")`` source -> sink, with the ``spark-sql-kafka-0-10``
   jars from Maven Central (its sink is at-least-once);
 - laminar source: the ``kafka`` source connector's ``poll_batch`` loop, in this process;
-- plain consumer: a confluent-kafka ``consume()`` loop, in this process.
+- plain consumer: a confluent-kafka ``consume()`` loop, in this process (``--no-readers``
+  leaves these two out).
 
 Each Spark pipeline runs in a process of its own (its own session and JVM: the Kafka jars are
-set at session start) on ``local[2]``, both with the same micro-batch size
-(``--batch-messages``: the laminar one's ``laminar.max.records.per.batch``, Spark's
+set at session start) on ``local[2]``, each with its own default micro-batch size (laminar:
+everything available up to ``laminar.max.bytes.per.batch``; Spark: everything available), or
+both with ``--batch-messages`` (the laminar one's ``laminar.max.records.per.batch``, Spark's
 ``maxOffsetsPerTrigger``). Each process first runs its query once, untimed, on a warm-up topic
-(``--warm-up`` messages, by default as many as a timed query reads: Python workers started,
-JVM classes loaded and their hot code compiled), then ``--repeat`` timed queries, each from
-building it until ``trigger(availableNow=True)`` finishes, each into a topic of its own. (After
-a warm-up of 10,000 messages, five timed queries of Spark's own pipeline in a row took 4.88,
-3.31, 2.73, 2.47 and 2.53 s: a median of three then weighed the JVM's warming up as much as
-the pipeline.) Every output topic is read back with ``isolation.level=read_committed``: a
+(``--warm-up`` messages, at most 1M by default: Python workers started, JVM classes loaded and
+their hot code compiled), then ``--repeat`` timed queries, each from building it until
+``trigger(availableNow=True)`` finishes, each into a topic of its own. (After a warm-up of
+10,000 messages, five timed queries of Spark's own pipeline in a row took 4.88, 3.31, 2.73,
+2.47 and 2.53 s: a median of three then weighed the JVM's warming up as much as the pipeline.)
+Every output topic is read back with ``isolation.level=read_committed`` and then deleted: a
 laminar one must hold every message exactly once (else the run fails); duplicates in Spark's
-are reported. The in-process readers, taking turns, each read all N messages from the start
-``--repeat`` times and sum the bytes of their values. Times and ratios are medians.
+are reported. For a laminar output, the time its one producer took for each epoch is printed:
+from the epoch's first record to its epoch marker, by the records' timestamps (the flush and
+the commit come after). The child processes print, on standard error, where each query's time
+went (Spark's phases) and the peak memory of their Python processes. The in-process readers,
+taking turns, each read all N messages from the start ``--repeat`` times and sum the bytes of
+their values. Times and ratios are medians.
 
 Usage::
 
-    python bench/kafka_pipeline.py [--messages 1000000] [--size 100] [--partitions 2]
-        [--batch-messages 250000] [--warm-up MESSAGES] [--repeat 5]
+    python bench/kafka_pipeline.py [--messages 5000000] [--size 1024] [--partitions 2]
+        [--batch-messages N] [--warm-up MESSAGES] [--repeat 3] [--no-readers]
         [--spark-kafka-version VERSION] [--spark-kafka-pin G:A:V]
 
 ``--spark-kafka-version`` defaults to the installed PySpark's version; name another release
@@ -38,14 +45,17 @@ when the Maven repository has no ``spark-sql-kafka-0-10_2.13`` of that version, 
 ``--spark-kafka-version 4.2.0 --spark-kafka-pin
 org.apache.spark:spark-token-provider-kafka-0-10_2.13:4.0.0``.
 
-Prints each variant's time and messages/s and the ratios. Target (issue 6): the laminar
-pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's sink does not.
+Prints each variant's time and messages/s and the ratios. Target (issues 6 and 22): the
+laminar pipeline >= 0.8x Spark's own pipeline, while giving exactly-once, which Spark's sink
+does not.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
+import bisect
 import hashlib
 import json
 import os
@@ -65,6 +75,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pyspark
+from _memory import PeakRss, print_peaks
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from laminar_conformance.services import ServiceError, die_with_parent, kafka_service
@@ -76,6 +87,7 @@ from laminar_sdk import load_connector_registry, spark_temporary_files_in
 from laminar_sdk.spark import build_session
 
 TARGET = 0.8
+WARM_UP = 1_000_000
 SEQUENCE_DIGITS = 12  # each value starts with its sequence number, so duplicates show
 # The rest of a value is random bytes, cut from a pool far larger than LZ4's 64 KiB window at
 # spread-out places: values do not compress, so no variant gains by compressing what it moves.
@@ -131,11 +143,15 @@ class Topics:
 
 @dataclass(frozen=True, slots=True)
 class Contents:
-    """What a topic holds, read committed: records, distinct sequence numbers, value bytes."""
+    """What a topic holds, read committed: records, distinct sequence numbers, value bytes.
+
+    ``created_ms``: every record's timestamp (its producer's clock when it was produced).
+    """
 
     records: int
     distinct: int
     value_bytes: int
+    created_ms: array.array[int]
 
 
 # Kafka ------------------------------------------------------------------------------------
@@ -212,6 +228,7 @@ def read_back(bootstrap: str, topic: str, expected: int) -> Contents:
         assignment = _partitions(consumer, topic)
         consumer.assign(assignment)
         seen = bytearray(expected)
+        created_ms = array.array("q")
         records = distinct = value_bytes = 0
         ended: set[int] = set()
         deadline = time.monotonic() + TIMEOUT_S
@@ -227,15 +244,54 @@ def read_back(bootstrap: str, topic: str, expected: int) -> Contents:
                     continue
                 ended.discard(message.partition() or 0)
                 value = message.value() or b""
+                created_ms.append(message.timestamp()[1])
                 records += 1
                 value_bytes += len(value)
                 sequence = int(value[:SEQUENCE_DIGITS])
                 if 0 <= sequence < expected and not seen[sequence]:
                     seen[sequence] = 1
                     distinct += 1
-        return Contents(records, distinct, value_bytes)
+        return Contents(records, distinct, value_bytes, created_ms)
     finally:
         consumer.close()
+
+
+def epoch_markers(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+    """The laminar sink's epoch markers in ``topic``: (epoch, when it was produced, in ms)."""
+    consumer = _consumer(bootstrap)
+    try:
+        assignment = _partitions(consumer, topic)
+        consumer.assign(assignment)
+        markers, ended = [], 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while ended < len(assignment) and time.monotonic() < deadline:
+            for message in consumer.consume(FETCH, 1.0):
+                if message.error() is not None:
+                    ended += message.error().code() == KafkaError._PARTITION_EOF
+                    continue
+                epoch = json.loads(message.value() or b"{}")["epoch"]
+                markers.append((epoch, message.timestamp()[1]))
+        return sorted(markers, key=lambda marker: marker[1])
+    finally:
+        consumer.close()
+
+
+def produce_spans(markers: list[tuple[int, int]], created_ms: array.array[int]) -> list[str]:
+    """Each epoch's records and how long its producer took, from its first record to its marker.
+
+    The sink produces an epoch's records, then its marker, then flushes and commits; the
+    epochs follow one another. So the records of an epoch are those produced after the
+    previous marker and up to its own.
+    """
+    created = sorted(created_ms)
+    spans, before = [], 0
+    for epoch, marker_ms in markers:
+        until = bisect.bisect_right(created, marker_ms)
+        if until > before:
+            seconds = (marker_ms - created[before]) / 1000
+            spans.append(f"epoch {epoch}: {until - before} records in {seconds:.2f} s")
+        before = until
+    return spans
 
 
 # In-process readers ------------------------------------------------------------------------
@@ -314,13 +370,15 @@ def _artifact(jar: Path) -> str:
 def start_laminar(
     spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
 ) -> StreamingQuery:
+    """The laminar pipeline; ``batch_messages`` 0: the default micro-batch size."""
+    records = {"laminar.max.records.per.batch": str(batch_messages)} if batch_messages else {}
     return (
         spark.readStream.format("laminar")
         .option("connector", "kafka")
         .option("bootstrap.servers", bootstrap)
         .option("topic", route.input)
         .option("laminar.delivery", "exactly-once")
-        .option("laminar.max.records.per.batch", str(batch_messages))
+        .options(**records)
         .load()
         .select("key", "value")
         .writeStream.format("laminar")
@@ -338,12 +396,14 @@ def start_laminar(
 def start_spark(
     spark: SparkSession, bootstrap: str, route: Route, batch_messages: int, work: Path
 ) -> StreamingQuery:
+    """Spark's own pipeline; ``batch_messages`` 0: the default (everything available)."""
+    records = {"maxOffsetsPerTrigger": str(batch_messages)} if batch_messages else {}
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", route.input)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(batch_messages))
+        .options(**records)
         .load()
         .select("key", "value")
         .writeStream.format("kafka")
@@ -413,12 +473,15 @@ def pipeline_main(args: argparse.Namespace) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     seconds: list[float] = []
     try:
-        for route in routes:
-            began = time.perf_counter()
-            query = start(spark, args.pipeline_bootstrap, route, args.batch_messages, work)
-            query.awaitTermination()
-            seconds.append(time.perf_counter() - began)
-            print_breakdown(args.pipeline, query, seconds[-1])
+        with PeakRss() as rss:
+            for route in routes:
+                began = time.perf_counter()
+                query = start(spark, args.pipeline_bootstrap, route, args.batch_messages, work)
+                query.awaitTermination()
+                seconds.append(time.perf_counter() - began)
+                print_breakdown(args.pipeline, query, seconds[-1])
+        print(f"  {args.pipeline}: peak RSS of its Python processes", file=sys.stderr)
+        print_peaks(rss, sys.stderr)
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -503,6 +566,7 @@ def read_in_process(
 def run(args: argparse.Namespace) -> None:
     jars = spark_kafka_jars(args.spark_kafka_version, args.spark_kafka_pin)
     messages = args.messages
+    batches = f"micro-batches of {args.batch_messages}" if args.batch_messages else "defaults"
     with (
         kafka_service() as kafka,
         bench_topics(kafka.bootstrap_servers, args.partitions, args.repeat) as topics,
@@ -510,16 +574,19 @@ def run(args: argparse.Namespace) -> None:
         bootstrap = kafka.bootstrap_servers
         print(
             f"broker {bootstrap} ({kafka.provider.value}); {messages} messages of {args.size} "
-            f"bytes, {args.partitions} partitions; micro-batches of {args.batch_messages}; "
-            f"warm-up {args.warm_up} messages; {args.repeat} timed run(s) each, medians; "
-            f"spark-sql-kafka {args.spark_kafka_version}"
-            + "".join(f", pinned {pin}" for pin in args.spark_kafka_pin),
+            f"bytes, {args.partitions} partitions; {batches}; warm-up {args.warm_up} messages; "
+            f"{args.repeat} timed run(s) each, medians; spark-sql-kafka "
+            f"{args.spark_kafka_version}"
+            + "".join(f", pinned {pin}" for pin in args.spark_kafka_pin)
+            + f"; load {os.getloadavg()}",
             flush=True,
         )
         produce(bootstrap, topics.input(warm_up=True), args.warm_up, args.size, args.partitions)
         produced = produce(bootstrap, topics.input(), messages, args.size, args.partitions)
         report("produce", [produced], messages)
-        seconds = read_in_process(bootstrap, topics.input(), messages, args.size, args.repeat)
+        seconds = {}
+        if args.readers:
+            seconds = read_in_process(bootstrap, topics.input(), messages, args.size, args.repeat)
         for variant in VARIANTS:
             routes = topics.routes(variant)
             warm_up, *timed = in_own_process(
@@ -530,28 +597,46 @@ def run(args: argparse.Namespace) -> None:
             for route in routes[1:]:
                 contents = read_back(bootstrap, route.output, messages)
                 print(check(variant, contents, messages, args.size, variant == "laminar"))
+                if variant == "laminar":
+                    markers = epoch_markers(bootstrap, f"{route.output}.laminar-epochs")
+                    spans = produce_spans(markers, contents.created_ms)
+                    print(f"  produce time per epoch: {'; '.join(spans)}")
+                delete_topics(bootstrap, [route.output])  # room on the broker's disk
+            print(f"(load {os.getloadavg()})", flush=True)
     pipeline = seconds["spark pipeline"] / seconds["laminar pipeline"]
     verdict = "met" if pipeline >= TARGET else "MISSED"
     print(
         f"laminar pipeline / spark pipeline: {pipeline:.2f}x "
         f"(target >= {TARGET}x: {verdict}; laminar exactly-once, spark at-least-once)"
     )
-    source = seconds["plain consumer"] / seconds["laminar source"]
-    print(f"laminar source / plain consumer:   {source:.2f}x")
+    if args.readers:
+        source = seconds["plain consumer"] / seconds["laminar source"]
+        print(f"laminar source / plain consumer:   {source:.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--size", type=int, default=100, help="bytes per message value")
+    parser.add_argument("--messages", type=int, default=5_000_000)
+    parser.add_argument("--size", type=int, default=1024, help="bytes per message value")
     parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--batch-messages", type=int, default=250_000)
+    parser.add_argument(
+        "--batch-messages",
+        type=int,
+        default=0,
+        help="messages per micro-batch for both pipelines (default 0: each one's defaults)",
+    )
     parser.add_argument(
         "--warm-up",
         type=int,
-        help="messages of each untimed warm-up query (default: as many as --messages)",
+        help=f"messages of each untimed warm-up query (default: {WARM_UP:,} at most)",
     )
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs of each variant")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of each variant")
+    parser.add_argument(
+        "--readers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the in-process readers (the kafka source, a plain consumer)",
+    )
     parser.add_argument("--spark-kafka-version", default=pyspark.__version__)
     parser.add_argument("--spark-kafka-pin", action="append", default=[], metavar="G:A:V")
     # Internal: run one Spark pipeline in this process (see in_own_process).
@@ -561,14 +646,16 @@ def main() -> None:
     parser.add_argument("--pipeline-jars", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.warm_up is None:
-        args.warm_up = args.messages
+        args.warm_up = min(args.messages, WARM_UP)
     if args.pipeline:
         pipeline_main(args)
         return
     if args.size < SEQUENCE_DIGITS:
         parser.error(f"--size must be at least {SEQUENCE_DIGITS} (values carry a sequence number)")
-    if min(args.messages, args.partitions, args.batch_messages, args.warm_up, args.repeat) < 1:
-        parser.error("--messages, --partitions, --batch-messages, --warm-up, --repeat: >= 1")
+    if min(args.messages, args.partitions, args.warm_up, args.repeat) < 1:
+        parser.error("--messages, --partitions, --warm-up, --repeat: >= 1")
+    if args.batch_messages < 0:
+        parser.error("--batch-messages: >= 0 (0: each pipeline's defaults)")
     run(args)
 
 

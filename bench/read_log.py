@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import os
 import shutil
-import sys
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+from _plugins import install_plugin
 from _rounds import median_rounds, timed_in_turn
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
@@ -68,19 +66,7 @@ def laminar_register_connectors(registry):
 def install_polled_generator(site: Path) -> None:
     """Install ``generator-polled`` where this process and Spark's Python workers import from."""
     (site / "polled_generator.py").write_text(textwrap.dedent(POLLED_PLUGIN))
-    dist_info = site / "laminar_bench_polled-1.0.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: laminar-bench-polled\nVersion: 1.0\n"
-    )
-    (dist_info / "entry_points.txt").write_text(
-        "[laminar_sdk.plugins]\npolled = polled_generator\n"
-    )
-    sys.path.insert(0, str(site))
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(site), os.environ.get("PYTHONPATH")])
-    )
-    importlib.invalidate_caches()
+    install_plugin(site, "laminar-bench-polled", "polled_generator")
 
 
 class UnloggedReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):

@@ -42,6 +42,24 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"not a boolean: use one of {sorted(_TRUE | _FALSE)}")
 
 
+_BYTE_SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+_BINARY_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_byte_size(text: str) -> int:
+    """Parse a byte count with an optional binary unit: ``268435456``, ``256m``, ``1 GiB``.
+
+    Units are powers of 1024 — ``k``, ``m``, ``g``, ``t`` (any case) — optionally followed
+    by ``b`` or ``ib``.
+
+    :raises ValueError: for anything else.
+    """
+    found = _BYTE_SIZE.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"not a size in bytes: {text!r}; write a number, or one like 64m or 1g")
+    return int(found[1]) * _BINARY_UNITS[found[2].lower()]
+
+
 _PARSERS: dict[type, Callable[[str], object]] = {
     str: str,
     int: int,

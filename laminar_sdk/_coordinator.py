@@ -432,7 +432,7 @@ class EpochCoordinator:
         for name, sink in self._sinks.items():
             await self._bounded(name, "begin_epoch", sink.begin_epoch(epoch))
         rows = 0
-        async for batch in _aiter(batches):
+        async for batch in as_async_batches(batches):
             for name, sink in self._sinks.items():
                 _check_schema(name, sink, batch)
                 self._observer(ProtocolStep.WRITE, epoch)
@@ -538,7 +538,7 @@ async def stage_task(
     observe = observer or _ignore
 
     async def observed() -> AsyncIterator[pa.RecordBatch]:
-        async for batch in _aiter(batches):
+        async for batch in as_async_batches(batches):
             _check_schema(name, sink, batch)
             observe(ProtocolStep.WRITE, epoch)
             yield batch
@@ -578,9 +578,10 @@ def _describe(schema: pa.Schema) -> str:
     return "(" + ", ".join(f"{field.name}: {field.type}" for field in schema) + ")"
 
 
-async def _aiter(
+async def as_async_batches(
     batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
-) -> AsyncIterable[pa.RecordBatch]:
+) -> AsyncIterator[pa.RecordBatch]:
+    """``batches``, plain or asynchronous, as an asynchronous iterator."""
     if isinstance(batches, AsyncIterable):
         async for batch in batches:
             yield batch

@@ -76,6 +76,11 @@ class RangeReadableSource(ABC):
         result may only name records that :meth:`read_range` can return from now on, in any
         process. Does not move this instance.
 
+        The Spark bridge turns its byte budget per micro-batch into ``max_records``: by the
+        schema when every column has a fixed width, else by the average size of a sample of
+        the first records after ``start`` that it reads once per query with
+        :meth:`read_range` (so this instance may also be asked for ranges).
+
         :raises CheckpointError: when ``start`` is not a checkpoint of this source.
         """
 

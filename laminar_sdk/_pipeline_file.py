@@ -20,7 +20,8 @@ A pipeline file names a source, an optional Spark SQL transform, a sink, and how
     master = "local[2]"               # or spark://host:7077
     trigger = "available-now"         # or "continuous" (one micro-batch every `interval_s`)
     interval_s = 1.0
-    max_records_per_batch = 100000
+    max_bytes_per_batch = "256m"      # optional: most bytes one micro-batch reads (default 256m)
+    max_records_per_batch = 100000    # optional: most records, besides (default: no cap)
 
 Relative paths resolve against the pipeline file's directory, so a pipeline runs the same
 from any working directory. That holds for `checkpoint_location` and for every connector key
@@ -36,13 +37,14 @@ and the connectors can keep the delivery guarantee. `laminar run` makes the same
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laminar_sdk._config import PathKind
+from laminar_sdk._config import PathKind, parse_byte_size
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
@@ -50,6 +52,7 @@ from laminar_sdk._spark.options import (
     CHECKPOINT_STORE,
     CONNECTOR_OPTION,
     DELIVERY,
+    MAX_BYTES_PER_BATCH,
     MAX_RECORDS_PER_BATCH,
     SPARK_CHECKPOINT_LOCATION,
 )
@@ -65,6 +68,7 @@ _PIPELINE_KEYS = {
     "master",
     "trigger",
     "interval_s",
+    "max_bytes_per_batch",
     "max_records_per_batch",
 }
 
@@ -88,6 +92,7 @@ class PipelineFile:
     master: str
     trigger: str
     interval_s: float
+    max_bytes_per_batch: int | None
     max_records_per_batch: int | None
 
     def spark_options(self, role: ConnectorRole) -> dict[str, str]:
@@ -100,6 +105,8 @@ class PipelineFile:
             # Both sides keep what must survive a crash under it (a polled source: its read log).
             SPARK_CHECKPOINT_LOCATION: self.checkpoint_location,
         }
+        if source and self.max_bytes_per_batch is not None:
+            options[MAX_BYTES_PER_BATCH] = str(self.max_bytes_per_batch)
         if source and self.max_records_per_batch is not None:
             options[MAX_RECORDS_PER_BATCH] = str(self.max_records_per_batch)
         if self.checkpoint_store is not None:
@@ -230,6 +237,7 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
         raise _fail(path, "pipeline.interval_s", "must be a positive number of seconds")
     if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
         raise _fail(path, "pipeline.max_records_per_batch", "must be a positive integer")
+    max_bytes = _byte_size(path, settings.get("max_bytes_per_batch"))
     try:
         delivery = DeliveryGuarantee.parse(_text(settings.get("delivery", "at-least-once")))
     except ConfigurationError as error:
@@ -250,8 +258,27 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
         master=_text(settings.get("master", "local[2]")),
         trigger=trigger,
         interval_s=float(interval),
+        max_bytes_per_batch=max_bytes,
         max_records_per_batch=max_records,
     )
+
+
+def _byte_size(path: Path, value: object) -> int | None:
+    size = 0
+    if value is None:
+        return None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            size = parse_byte_size(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    if size < 1:
+        raise _fail(
+            path,
+            "pipeline.max_bytes_per_batch",
+            f'must be a positive number of bytes, or a size like "64m" or "1g"; got {value!r}',
+        )
+    return size
 
 
 def pipeline_file_help() -> str:

@@ -34,6 +34,7 @@ path = "out"
 delivery = "exactly-once"
 checkpoint_location = "state"
 max_records_per_batch = 30
+max_bytes_per_batch = "64m"
 """
 
 
@@ -56,6 +57,7 @@ def test_a_complete_file(tmp_path):
         "available-now",
         30,
     )
+    assert pipeline.max_bytes_per_batch == 64 * 2**20
 
 
 def test_defaults(tmp_path):
@@ -70,6 +72,9 @@ def test_defaults(tmp_path):
     assert pipeline.checkpoint_location == "/abs/state"
     assert pipeline.transform_sql is None
     assert pipeline.checkpoint_store is None
+    assert (pipeline.max_records_per_batch, pipeline.max_bytes_per_batch) == (None, None), (
+        "the SDK's defaults apply"
+    )
 
 
 @pytest.mark.parametrize(
@@ -85,6 +90,14 @@ def test_defaults(tmp_path):
             "missing",
         ),
         (lambda t: t.replace("= 30", "= 0"), "pipeline.max_records_per_batch", "positive"),
+        *(
+            (
+                lambda t, size=size: t.replace('"64m"', size),
+                "pipeline.max_bytes_per_batch",
+                'size like "64m"',
+            )
+            for size in ("0", '"big"', "true", "1.5")
+        ),
         (lambda t: t.replace("rows = 100", "rows = [1]"), "source.rows", "string, number"),
         (lambda t: t.replace("[transform]", "[transform]\nengine = 'x'"), "transform", "one key"),
         (lambda t: t + "trigger = 'sometimes'\n", "pipeline.trigger", "available-now"),

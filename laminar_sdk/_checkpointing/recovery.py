@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -110,7 +111,9 @@ async def search_latest_valid(
     Starts from the checkpoint the latest pointer names and walks back through older ones
     until one loads whole (manifest and every artifact pass their checks). Checkpoints newer
     than the pointer are never used: they were not completed. When the pointer itself is
-    unreadable, every stored checkpoint is a candidate, newest first.
+    unreadable, every stored checkpoint is a candidate, newest first. The store is listed only
+    when the checkpoint the pointer names does not load: a store keeps every checkpoint, and
+    the Spark bridge searches once per micro-batch.
 
     :param on_skip: called with the reason each time a checkpoint is passed over (default:
         log a warning to ``laminar_sdk.checkpoint``).
@@ -130,6 +133,8 @@ async def search_latest_valid(
     else:
         if latest is None:
             return CheckpointSearch(None, ())
+        with contextlib.suppress(CheckpointError):  # else walk back, reporting it below
+            return CheckpointSearch(await load_checkpoint(checkpointer, latest), ())
         candidates = [c for c in await checkpointer.list_checkpoints() if c <= latest]
         if latest not in candidates:
             skip(

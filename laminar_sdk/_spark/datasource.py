@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
@@ -13,7 +11,7 @@ from laminar_sdk._delivery import validate_delivery_guarantee
 from laminar_sdk._errors import ConfigurationError, SchemaMismatch
 from laminar_sdk._registry import ConnectorRole
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
-from laminar_sdk._spark.connectors import opened_sink, opened_source
+from laminar_sdk._spark.connectors import opened_sink, opened_source, run
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import (
     CHECKPOINT_LOCATION,
@@ -65,7 +63,7 @@ class LaminarDataSource(DataSource):
         Every check of the read side runs here, when the stream is loaded.
         """
         options, _ = self._source()
-        return spark_schema(asyncio.run(_source_schema(options)), options.connector)
+        return spark_schema(run(_source_schema(options)), options.connector)
 
     def streamReader(  # noqa: N802 - Spark's name
         self, schema: StructType
@@ -158,7 +156,7 @@ def _checked_sink(options: BridgeOptions, stream: StructType) -> tuple[pa.Schema
     )
     found = _CHECKED_SINKS.get(check)
     if found is None:
-        found = _CHECKED_SINKS[check] = asyncio.run(_sink_schema(options, stream))
+        found = _CHECKED_SINKS[check] = run(_sink_schema(options, stream))
     return found
 
 

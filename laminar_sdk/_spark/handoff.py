@@ -4,7 +4,7 @@ A commit message travels from the write task through the JVM to the Python worke
 commits, copied several times on the way: two tasks' 12 MB each took 0.15 to 0.25 s to
 arrive. A task that can write where the committing worker reads — a task on the driver's
 machine (every task, in ``local`` mode), or on a file system the driver shares — instead
-writes its batches to a file there and sends only its name: the commit maps the file, and no
+writes its batches to a file there and sends only its name: the commit reads the file, and no
 byte crosses the JVM.
 
 Which tasks can is checked, not assumed. The driver keeps a random token in

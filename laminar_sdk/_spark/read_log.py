@@ -18,7 +18,9 @@ survives whatever the laminar checkpoint location survives. An entry is one chec
 UUIDv7, ordered by time); its records are Arrow IPC streams stored as that checkpoint's
 artifacts ``{id}/operators/{source}/partition-{n}.snap``, one per *slice* of at most
 :data:`SLICE_BYTES`, each read by a Spark task of its own. The end offset holds every slice's
-path, row count and SHA-256, checked when the slice is read back.
+path, row count and SHA-256, checked when the slice is read back. Slices are written as the
+source is polled, so the planning process holds one slice at a time, however big the
+micro-batch.
 
 A crash between the poll and Spark's offset log leaves an entry no offset names; it is deleted
 by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
@@ -27,7 +29,7 @@ by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +38,7 @@ import pyarrow as pa
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNotFound
 from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
+from laminar_sdk._coordinator import as_async_batches
 from laminar_sdk._errors import CheckpointError, ReadError
 from laminar_sdk._state import connector_space
 
@@ -43,8 +46,8 @@ READ_LOG_DIRECTORY = "read-log"
 """The directory under the laminar checkpoint location that holds the read log."""
 
 SLICE_BYTES = 32 * 1024 * 1024
-"""The most Arrow bytes one slice holds (a batch larger than that is a slice of its own):
-a micro-batch of more is read by several tasks in parallel."""
+"""The most Arrow bytes one slice holds (a batch larger than that is cut, by rows): a
+micro-batch of more is read by several tasks in parallel."""
 
 ORPHAN_GRACE_S = 600.0
 """How old an entry that no committed micro-batch named must be before it is deleted."""
@@ -125,21 +128,26 @@ class ReadLog:
         """Where the log is, safe to show."""
         return self._store.location
 
-    async def append(self, batches: Iterable[pa.RecordBatch], schema: pa.Schema) -> ReadLogEntry:
+    async def append(
+        self, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch], schema: pa.Schema
+    ) -> ReadLogEntry:
         """Store ``batches`` durably as a new entry, in slices; return the entry.
 
-        Nothing refers to the entry until the caller hands it to Spark: a crash part-way
-        leaves an orphan, deleted later (:meth:`discard`).
+        Each slice is stored as soon as it is full, while ``batches`` is still being consumed.
+        No batch: an entry without slices, and nothing stored. Nothing refers to the entry
+        until the caller hands it to Spark: a crash part-way leaves an orphan, deleted later
+        (:meth:`discard`).
 
         :raises CheckpointError: when the store cannot write (naming where, and why).
         """
         entry_id = CheckpointId.new()
-        slices = []
-        for number, group in enumerate(_slices(batches)):
+        slices: list[LoggedSlice] = []
+        async for group in _slices(batches):
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, schema) as stream:
                 for batch in group:
                     stream.write_batch(batch)
+            number = len(slices)
             data = sink.getvalue().to_pybytes()
             sha256 = await self._store.save_snapshot(entry_id, self._operator, number, data)
             path = self._store.artifact_path(entry_id, self._operator, number)
@@ -194,14 +202,26 @@ class ReadLog:
             await self._store.delete_artifact(path)
 
 
-def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:
+async def _slices(
+    batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
+) -> AsyncIterator[list[pa.RecordBatch]]:
+    """``batches`` in groups of at most :data:`SLICE_BYTES`, a larger batch cut by rows."""
     group: list[pa.RecordBatch] = []
     size = 0
-    for batch in batches:
-        if group and size + batch.nbytes > SLICE_BYTES:
-            yield group
-            group, size = [], 0
-        group.append(batch)
-        size += batch.nbytes
+    async for batch in as_async_batches(batches):
+        for piece in _pieces(batch):
+            if group and size + piece.nbytes > SLICE_BYTES:
+                yield group
+                group, size = [], 0
+            group.append(piece)
+            size += piece.nbytes
     if group:
         yield group
+
+
+def _pieces(batch: pa.RecordBatch) -> list[pa.RecordBatch]:
+    """``batch``, cut (without copying) into pieces of at most :data:`SLICE_BYTES` each."""
+    if batch.nbytes <= SLICE_BYTES or batch.num_rows < 2:
+        return [batch]
+    rows = max(1, batch.num_rows * SLICE_BYTES // batch.nbytes)
+    return [batch.slice(first, rows) for first in range(0, batch.num_rows, rows)]

@@ -20,7 +20,6 @@ unconverted).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxBytes,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
@@ -40,9 +40,15 @@ from laminar_sdk._connector import SourceConnector
 from laminar_sdk._errors import InvalidState, ReadError
 from laminar_sdk._parallel import PartitionRange, RangeReadableSource
 from laminar_sdk._spark.arrow import conform_source_batch
-from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source
+from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source, run
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
-from laminar_sdk._spark.read_log import READ_LOG_DIRECTORY, LoggedSlice, ReadLog, ReadLogEntry
+from laminar_sdk._spark.read_log import (
+    READ_LOG_DIRECTORY,
+    SLICE_BYTES,
+    LoggedSlice,
+    ReadLog,
+    ReadLogEntry,
+)
 
 logger = logging.getLogger("laminar_sdk.spark")
 
@@ -68,10 +74,11 @@ class RangeInputPartition(InputPartition):
 class LaminarRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Reads a range-readable source in parallel: one task per partition that moved.
 
-    A micro-batch ends where the source's ``plan_end`` says, at most
-    ``laminar.max.records.per.batch`` records after its start (Spark's default read limit;
-    Spark may lift it, e.g. for ``trigger(once=True)``). The source that plans is opened once,
-    in Spark's planning process, and closed in :meth:`stop`; each task opens its own.
+    A micro-batch ends where the source's ``plan_end`` says, asked for everything available up
+    to the read limit (:func:`micro_batch_bounds`): ``laminar.max.bytes.per.batch`` as a number
+    of records (:class:`RecordSize`), and ``laminar.max.records.per.batch`` when set. Spark may
+    lift the limit (``trigger(once=True)``). The source that plans is opened once, in Spark's
+    planning process, and closed in :meth:`stop`; each task opens its own.
 
     :param options: the validated options of the read side.
     :param schema: the Arrow schema Spark expects the batches in.
@@ -81,10 +88,16 @@ class LaminarRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._options = options
         self._schema = schema
         self._planner: KeptSource | None = None
+        self._record_size = RecordSize(schema)
 
     def __getstate__(self) -> dict[str, object]:
         # Spark ships the reader to the executors for read(): never an opened source.
-        return {"_options": self._options, "_schema": self._schema, "_planner": None}
+        return {
+            "_options": self._options,
+            "_schema": self._schema,
+            "_planner": None,
+            "_record_size": RecordSize(self._schema),
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -94,20 +107,22 @@ class LaminarRangeReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._planning().source.checkpoint().to_dict()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
-        """At most ``laminar.max.records.per.batch`` records per micro-batch."""
-        return ReadMaxRows(self._options.max_records_per_batch)
+        """The options' read limit (:func:`default_read_limit`)."""
+        return default_read_limit(self._options)
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802 - Spark's name
         """Where the micro-batch after ``start`` ends: the source's ``plan_end``.
 
         ``start`` itself when the source has nothing new (Spark then runs no micro-batch).
 
-        :raises InvalidState: for a read limit other than a row count or none.
+        :raises InvalidState: for a read limit other than rows, bytes or none.
         """
         planner = self._planning()
         checkpoint = SourceCheckpoint.from_dict(start)
         ranges = _range_readable(planner.source, self._options)
-        end = planner.run(ranges.plan_end(checkpoint, _max_records(limit)))
+        bounds = micro_batch_bounds(limit, self._options)
+        most = planner.run(self._record_size.most_records(bounds, ranges, checkpoint))
+        end = planner.run(ranges.plan_end(checkpoint, most))
         if dict(end.offsets) == dict(checkpoint.offsets):
             return start
         return end.to_dict()
@@ -167,12 +182,117 @@ def _range_readable(source: SourceConnector, options: BridgeOptions) -> RangeRea
     return ranges
 
 
-def _max_records(limit: ReadLimit) -> int | None:
+def default_read_limit(options: BridgeOptions) -> ReadLimit:
+    """Spark's default read limit for a laminar source: how much one micro-batch reads.
+
+    The record cap when ``laminar.max.records.per.batch`` is set (the byte budget applies
+    too), else the byte budget, ``laminar.max.bytes.per.batch``.
+    """
+    if options.max_records_per_batch is not None:
+        return ReadMaxRows(options.max_records_per_batch)
+    return ReadMaxBytes(options.max_bytes_per_batch)
+
+
+@dataclass(frozen=True, slots=True)
+class MicroBatchBounds:
+    """How much one micro-batch may read: records and bytes of Arrow data (``None``: no bound)."""
+
+    records: int | None
+    bytes: int | None
+
+
+def micro_batch_bounds(limit: ReadLimit, options: BridgeOptions) -> MicroBatchBounds:
+    """The bounds of a micro-batch Spark plans with ``limit``, and the options' own.
+
+    ``ReadAllAvailable`` (``trigger(once=True)``) lifts both; otherwise each of Spark's limit
+    and the options bounds what it names, whichever is tighter.
+
+    :raises InvalidState: for a read limit other than rows, bytes or none.
+    """
+    records, most_bytes = options.max_records_per_batch, options.max_bytes_per_batch
     if isinstance(limit, ReadAllAvailable):
-        return None
+        return MicroBatchBounds(None, None)
     if isinstance(limit, ReadMaxRows):
-        return limit.max_rows
-    raise InvalidState("a read limit of rows (ReadMaxRows) or none (ReadAllAvailable)", repr(limit))
+        records = limit.max_rows if records is None else min(records, limit.max_rows)
+        return MicroBatchBounds(records, most_bytes)
+    if isinstance(limit, ReadMaxBytes):
+        return MicroBatchBounds(records, min(most_bytes, limit.max_bytes))
+    raise InvalidState(
+        "a read limit of rows (ReadMaxRows), bytes (ReadMaxBytes) or none (ReadAllAvailable)",
+        repr(limit),
+    )
+
+
+SAMPLE_RECORDS = 1000
+"""How many records a range-readable source with variable-width columns is sampled for."""
+
+
+class RecordSize:
+    """How many bytes of Arrow data a record of a range-readable source takes, on average.
+
+    ``plan_end`` takes a number of records, not bytes, so the byte budget becomes records:
+
+    - when every column of ``schema`` has a fixed width, the size is exact: the columns'
+      widths and their validity bits;
+    - otherwise (strings, binary, nested types) the planning process reads a sample once — the
+      first :data:`SAMPLE_RECORDS` records after the micro-batch's start, through
+      ``read_range`` — and keeps the average for the query. A source helps by making its first
+      records representative; the records a micro-batch reads may cross the budget by as much
+      as they are larger than the sample.
+
+    :param schema: the Arrow schema of the source's batches.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.fixed = fixed_record_bytes(schema)
+        self.sampled: float | None = None
+
+    async def most_records(
+        self, bounds: MicroBatchBounds, ranges: RangeReadableSource, start: SourceCheckpoint
+    ) -> int | None:
+        """The records ``plan_end`` may plan after ``start`` within ``bounds``.
+
+        :raises ReadError: when the sample cannot be read.
+        """
+        if bounds.bytes is None:
+            return bounds.records
+        size = self.fixed or self.sampled
+        if size is None:
+            size = self.sampled = await _sampled_record_bytes(ranges, start)
+        if size is None:  # nothing to sample: nothing available, or only empty records
+            return bounds.records if bounds.records is not None else SAMPLE_RECORDS
+        by_bytes = max(1, int(bounds.bytes / size))
+        return by_bytes if bounds.records is None else min(bounds.records, by_bytes)
+
+
+def fixed_record_bytes(schema: pa.Schema) -> float | None:
+    """The Arrow bytes of a record of ``schema``: its columns' widths and validity bits.
+
+    ``None`` when a column has no fixed width (strings, binary, nested types).
+    """
+    size = 0.0
+    for field in schema:
+        try:
+            width = field.type.bit_width
+        except ValueError:  # variable width: strings, binary, lists, structs, ...
+            return None
+        size += (width + (1 if field.nullable else 0)) / 8
+    return size or None
+
+
+async def _sampled_record_bytes(
+    ranges: RangeReadableSource, start: SourceCheckpoint
+) -> float | None:
+    end = await ranges.plan_end(start, SAMPLE_RECORDS)
+    rows = size = 0
+    for partition, offset in sorted(end.offsets.items()):
+        first = start.offsets.get(partition)
+        if first == offset:
+            continue
+        async for batch in ranges.read_range(PartitionRange(partition, first, offset)):
+            rows += batch.num_rows
+            size += batch.nbytes
+    return size / rows if rows and size else None
 
 
 @dataclass(frozen=True)
@@ -186,9 +306,10 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Reads a source that is not range-readable: polled once per micro-batch, then logged.
 
     Spark's planning process plans each micro-batch (:meth:`latestOffset`): it opens the source,
-    restores the start checkpoint, polls up to the read limit until the source has nothing more
-    (``poll_batch`` returns ``None``) or asks for a checkpoint, writes the records to the read
-    log (:mod:`~laminar_sdk._spark.read_log`) and closes the source. The end offset is the
+    restores the start checkpoint, polls up to the read limit (:func:`micro_batch_bounds`)
+    until the source has nothing more (``poll_batch`` returns ``None``) or asks for a
+    checkpoint, writes the records to the read log (:mod:`~laminar_sdk._spark.read_log`) slice
+    by slice as they come, and closes the source. The end offset is the
     source's checkpoint after the last record, with the log entry; the next micro-batch resumes
     *after* it. The micro-batch's tasks — and a re-run after a crash, which never polls — read
     the logged slices, in parallel; :meth:`commit` deletes the entry once Spark committed it.
@@ -202,27 +323,26 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise InvalidState("a checkpoint location to keep the read log in", "none")
         self._options = options
         self._schema = schema
+        self._record_size = fixed_record_bytes(schema)
 
     def initialOffset(self) -> Offset:  # noqa: N802 - Spark's name
         """The checkpoint of the freshly opened source: where a new query starts."""
-        return asyncio.run(self._initial()).to_dict()
+        return run(self._initial()).to_dict()
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 - Spark's name
-        """At most ``laminar.max.records.per.batch`` records per micro-batch."""
-        return ReadMaxRows(self._options.max_records_per_batch)
+        """The options' read limit (:func:`default_read_limit`)."""
+        return default_read_limit(self._options)
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:  # noqa: N802 - Spark's name
         """Poll the micro-batch after ``start`` and log it; its end offset names the entry.
 
         ``start`` itself when the source has nothing new (Spark then runs no micro-batch).
 
-        :raises InvalidState: for a read limit other than a row count or none.
+        :raises InvalidState: for a read limit other than rows, bytes or none.
         :raises CheckpointError: when the read log cannot be written.
         """
         checkpoint, _ = split_offset(start)
-        limit_rows = _max_records(limit)
-        most = self._options.max_records_per_batch
-        planned = asyncio.run(self._plan(checkpoint, most if limit_rows is None else limit_rows))
+        planned = run(self._plan(checkpoint, micro_batch_bounds(limit, self._options)))
         return start if planned is None else planned
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
@@ -243,13 +363,13 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if not isinstance(partition, LoggedInputPartition):
             raise InvalidState("a LoggedInputPartition", repr(partition))
-        return iter(asyncio.run(self._read_log().read(partition.slice)))
+        return iter(run(self._read_log().read(partition.slice)))
 
     def commit(self, end: Offset) -> None:
         """Delete the read-log entry of a micro-batch Spark committed (and older orphans)."""
         _, entry = split_offset(end)
         if entry is not None:
-            asyncio.run(self._read_log().discard(entry))
+            run(self._read_log().discard(entry))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
         """Nothing to record: a source cannot be asked where its data ends today.
@@ -266,41 +386,73 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async with opened_source(self._options) as source:
             return source.checkpoint()
 
-    async def _plan(self, start: SourceCheckpoint, max_records: int) -> Offset | None:
+    async def _plan(self, start: SourceCheckpoint, bounds: MicroBatchBounds) -> Offset | None:
         # The source stays open while its records are logged: a crash hook watching its reads
         # (source-read) fires at its close at the latest, after the entry is durable.
         async with opened_source(self._options) as source:
             await source.restore(start)
-            batches = await _poll(source, min(max_records, self._options.max_records_per_batch))
-            if not batches:
+            declared, connector = source.schema(), self._options.connector
+            conformed = (
+                conform_source_batch(batch, declared, self._schema, connector)
+                async for batch in poll_micro_batch(source, bounds, self._record_size)
+            )
+            entry = await self._read_log().append(conformed, self._schema)
+            if not entry.slices:
                 return None
             reached = source.checkpoint()
-            conformed = [
-                conform_source_batch(b, source.schema(), self._schema, self._options.connector)
-                for b in batches
-            ]
-            entry = await self._read_log().append(conformed, self._schema)
         return logged_offset(reached, entry)
 
 
-async def _poll(source: SourceConnector, max_records: int) -> list[pa.RecordBatch]:
-    """Poll ``source`` for up to ``max_records`` records, until it has none or asks to stop."""
+FIRST_POLL_RECORDS = 65_536
+"""The most records the first poll of a micro-batch asks for, before a record's size is known."""
+
+
+async def poll_micro_batch(
+    source: SourceConnector, bounds: MicroBatchBounds, record_size: float | None = None
+) -> AsyncIterator[pa.RecordBatch]:
+    """Poll ``source`` within ``bounds``, until it has nothing more or asks for a checkpoint.
+
+    Each poll asks for about a read-log slice's worth of records, and never for more than the
+    rest of the record bound or of the byte budget, by the average size of the records polled
+    so far — before the first, by ``record_size`` (exact for a schema of fixed-width columns,
+    :func:`fixed_record_bytes`); without it, the first poll asks for
+    :data:`FIRST_POLL_RECORDS`. So a micro-batch crosses the budget only by what its last
+    records are larger than the ones before (or the first ones, larger than it).
+    """
     requested = source.checkpoint_requested()
-    batches: list[pa.RecordBatch] = []
-    remaining = max_records
-    while remaining > 0:
+    records = size = 0
+    while (asked := _records_to_ask(bounds, records, size, record_size)) > 0:
         ready = source.data_ready_notify()
         if ready is not None:
             ready.clear()
-        polled = await source.poll_batch(remaining)
+        polled = await source.poll_batch(asked)
         if polled is None or not polled.num_rows:
-            break
-        batches.append(polled.records)
-        remaining -= polled.num_rows
+            return
+        records += polled.num_rows
+        size += polled.records.nbytes
+        yield polled.records
         if requested is not None and requested.is_set():
             requested.clear()
-            break
-    return batches
+            return
+
+
+def _records_to_ask(
+    bounds: MicroBatchBounds, records: int, size: int, record_size: float | None
+) -> int:
+    """How many records the next poll asks for, ``records`` of ``size`` bytes polled so far."""
+    if records and size:
+        record_size = size / records
+    if record_size is None:
+        asked = FIRST_POLL_RECORDS
+    else:
+        asked = max(1, int(SLICE_BYTES / record_size))
+        if bounds.bytes is not None:
+            if size >= bounds.bytes:
+                return 0
+            asked = min(asked, max(1, int((bounds.bytes - size) / record_size)))
+    if bounds.records is not None:
+        asked = min(asked, bounds.records - records)
+    return asked
 
 
 def split_offset(offset: Offset) -> tuple[SourceCheckpoint, ReadLogEntry | None]:

@@ -34,10 +34,12 @@ Any other sink is written in ``commit``, by one instance:
 - ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
   one that was not), skips an epoch committed already, and otherwise runs the epoch:
   ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →
-  ``commit_epoch`` → manifest marked committed. Every batch passes through the driver, so a
-  micro-batch must fit in its memory: bound it with the source's
-  ``laminar.max.records.per.batch``. The micro-batch's hand-off files are removed when the
-  commit ends, however it ends.
+  ``commit_epoch`` → manifest marked committed. Every batch passes through the committing
+  process, one at a time: batches handed over in files are read one after the other as the
+  sink takes them, so its memory holds a batch, not the micro-batch. Batches that came in
+  commit messages are all in memory, compressed, since Spark hands the commit every message
+  at once. The micro-batch's hand-off files are removed when the commit ends, however it
+  ends.
 
 In both, ``abort`` lets the coordinator recover, which rolls back the undecided epoch — every
 task's staging of it — and never one whose commit was decided. Rolling back at the start of a
@@ -61,7 +63,6 @@ it (:meth:`EpochCoordinator.recover`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from abc import ABC, abstractmethod
@@ -77,7 +78,7 @@ from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState, WriteError
 from laminar_sdk._spark.arrow import conform
-from laminar_sdk._spark.connectors import opened_sink
+from laminar_sdk._spark.connectors import opened_sink, run
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
@@ -93,7 +94,8 @@ MESSAGE_IPC_OPTIONS = pa.ipc.IpcWriteOptions(
 )
 """How a write task serializes its batches into a commit message (see the module doc).
 
-A hand-off file is not compressed: the commit maps it, and decompressing would be its work."""
+A hand-off file is not compressed: the commit reads it locally, and decompressing would be
+its work."""
 
 
 class BatchesMessage(WriterCommitMessage, ABC):
@@ -129,18 +131,24 @@ class HandedOffBatchesMessage(BatchesMessage):
     query_id: str | None = None
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """The task's batches, in the order it wrote them, mapped from the file.
+        """The task's batches, in the order it wrote them, read from the file one at a time.
+
+        Read, not memory-mapped: the pages of a mapped file count in the committing process's
+        resident memory until the kernel reclaims them, so a micro-batch of gigabytes would
+        look (and, to a container's memory limit, be) that large. A batch read is freed once
+        the sink has it written.
 
         :raises InvalidState: when the file is gone (removed while the commit ran).
         """
         try:
-            stream = pa.ipc.open_stream(pa.memory_map(self.path))
+            file = pa.OSFile(self.path)
         except FileNotFoundError:
             raise InvalidState(
                 f"the hand-off file {self.path} of a write task, until its micro-batch commits",
                 "the file is gone; was the temporary directory cleaned while the query ran?",
             ) from None
-        yield from stream
+        with file:
+            yield from pa.ipc.open_stream(file)
 
 
 @dataclass(frozen=True)
@@ -210,12 +218,12 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Commit micro-batch ``batchId`` as an epoch, or skip it if it was."""
         if self._distributed:
             staged = _messages(messages, batchId, StagedTaskMessage)
-            asyncio.run(self._commit_staged(staged, batchId))
+            run(self._commit_staged(staged, batchId))
             return
         # An abstract class is a fine isinstance() target (mypy's check is for instantiation).
         received = _messages(messages, batchId, BatchesMessage)  # type: ignore[type-abstract]
         try:
-            asyncio.run(self._commit(received, batchId))
+            run(self._commit(received, batchId))
         finally:
             self._discard_handoff(messages, batchId)
 
@@ -227,7 +235,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
         received = [m for m in messages if isinstance(m, BatchesMessage | StagedTaskMessage)]
         try:
-            asyncio.run(self._recover(_query_id(received), batchId))
+            run(self._recover(_query_id(received), batchId))
         finally:
             self._discard_handoff(messages, batchId)
 
@@ -300,7 +308,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
                 rows += batch.num_rows
                 yield batch
 
-        descriptor = asyncio.run(self._stage_task(int(batch_id), task, counted()))
+        descriptor = run(self._stage_task(int(batch_id), task, counted()))
         return StagedTaskMessage(descriptor, rows, query_id)
 
     async def _stage_task(self, epoch: int, task: str, batches: Iterator[pa.RecordBatch]) -> str:

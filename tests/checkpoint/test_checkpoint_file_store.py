@@ -159,6 +159,35 @@ def test_torn_manifest_on_disk_is_reported_by_path(root: Path) -> None:
     assert recovered.manifest == previous
 
 
+def test_recovering_from_a_whole_latest_checkpoint_does_not_list_the_store(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Spark bridge recovers once per micro-batch and nothing prunes the manifests: a
+    # listing would grow with every micro-batch a query ever ran.
+    store = FileCheckpointer(str(root))
+    for epoch in range(3):
+        latest = run(write_checkpoint(store, epoch))
+    listed = []
+    real_list = store.list_checkpoints
+
+    async def listing() -> list[CheckpointId]:
+        listed.append(True)
+        return await real_list()
+
+    monkeypatch.setattr(store, "list_checkpoints", listing)
+    recovered = run(load_latest_valid(store))
+    assert recovered is not None
+    assert recovered.manifest == latest
+    assert not listed
+
+    manifest_file = root / str(latest.checkpoint_id) / "manifest.json"
+    manifest_file.write_bytes(manifest_file.read_bytes()[:100])
+    recovered = run(load_latest_valid(store, on_skip=lambda _: None))
+    assert recovered is not None
+    assert recovered.manifest.epoch == 1, "a torn latest one is walked back from, listing"
+    assert listed
+
+
 @pytest.mark.parametrize("operator", ["..", "../../outside", "/tmp/abs", "a/../../b", "x\0y"])
 def test_nothing_is_written_outside_the_root(tmp_path: Path, operator: str) -> None:
     root = tmp_path / "inside" / "checkpoints"

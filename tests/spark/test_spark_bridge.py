@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from spark_pipelines import committed_epochs, expected_ids, ids_batch, run_exact
 from laminar_sdk import InvalidState, WriteError
 from laminar_sdk._spark import handoff
 from laminar_sdk._spark.arrow import spark_schema
+from laminar_sdk._spark.connectors import run
 from laminar_sdk._spark.writer import (
     ArrowBatchesMessage,
     HandedOffBatchesMessage,
@@ -243,3 +246,18 @@ def test_a_task_that_cannot_write_its_hand_off_file_fails_naming_the_directory(
 
     with pytest.raises(WriteError, match=f"cannot hand micro-batch 0's records .* {handoff_root}"):
         writer.write(iter([ids_batch(0, 5)]))
+
+
+def test_bridge_calls_in_a_worker_share_one_loop_and_leave_no_task_behind() -> None:
+    # Spark calls the bridge once per micro-batch in the same Python worker: a new loop per
+    # call started (and joined) new threads for every blocking store call each time.
+    async def leave_a_task_behind() -> tuple[asyncio.Task[None], int]:
+        left = asyncio.create_task(asyncio.sleep(3600))
+        return left, await asyncio.to_thread(threading.get_ident)
+
+    first, first_thread = run(leave_a_task_behind())
+    second, second_thread = run(leave_a_task_behind())
+
+    assert first.cancelled()
+    assert second.cancelled()
+    assert first_thread == second_thread, "the loop's worker thread is kept"

@@ -38,6 +38,24 @@ def test_sdk_options_are_split_from_connector_config() -> None:
     assert options.max_records_per_batch == 7
 
 
+def test_a_micro_batch_reads_everything_available_up_to_a_byte_budget_by_default() -> None:
+    default = parse_options({"connector": "generator"}, SOURCE)
+    assert default.max_records_per_batch is None, "no record cap unless asked for"
+    assert default.max_bytes_per_batch == 256 * 2**20
+
+    def budget(text: str) -> int:
+        options = {"connector": "generator", "laminar.max.bytes.per.batch": text}
+        return parse_options(options, SOURCE).max_bytes_per_batch
+
+    assert budget("1048576") == 2**20
+    assert budget("64m") == 64 * 2**20
+    assert budget("2G") == 2 * 2**30
+    assert budget(" 1 GiB ") == 2**30
+    assert budget("100kb") == 100 * 1024
+    no_cap = {"connector": "generator", "laminar.max.records.per.batch": "none"}
+    assert parse_options(no_cap, SOURCE).max_records_per_batch is None
+
+
 def test_the_sink_keeps_its_manifests_under_sparks_checkpoint_location() -> None:
     options = parse_options(
         {"connector": "memory", "path": "/data/sink", "checkpointlocation": "file:///ck/q1/"},
@@ -77,7 +95,26 @@ def test_the_source_side_takes_the_same_checkpoint_location_or_none() -> None:
             SOURCE,
             {"connector": "generator", "laminar.max.records.per.batch": "0"},
             "laminar.max.records.per.batch",
-            "integer >= 1",
+            "integer >= 1, or none",
+        ),
+        *(
+            (
+                SOURCE,
+                {"connector": "generator", "laminar.max.bytes.per.batch": size},
+                "laminar.max.bytes.per.batch",
+                "size in bytes >= 1, as a number or with a binary unit",
+            )
+            for size in ("0", "lots", "-5", "1.5g", "3 parsecs")
+        ),
+        (
+            SINK,
+            {
+                "connector": "null",
+                "checkpointlocation": "/ck",
+                "laminar.max.bytes.per.batch": "1g",
+            },
+            "laminar.max.bytes.per.batch",
+            "source side only",
         ),
         (
             SINK,

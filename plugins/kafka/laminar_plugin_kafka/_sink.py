@@ -32,9 +32,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from confluent_kafka import (
@@ -129,11 +130,34 @@ class _Phase(enum.Enum):
     SKIPPING = "skipping an epoch committed before"
 
 
+class _StagedCopy:
+    """An epoch's batches as one Arrow IPC stream in memory, written while they are produced.
+
+    Serializing a whole epoch at ``pre_commit`` kept every batch until then and made a copy
+    of them all on the critical path (2.3 s of a 3.1 s ``pre_commit`` for 200 MB on a loaded
+    2-core machine); written batch by batch, beside the producing thread, the batches are
+    freed as they go and ``pre_commit`` only takes the bytes.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._sink = pa.BufferOutputStream()
+        self._stream = pa.ipc.new_stream(self._sink, schema)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Append ``batch``."""
+        self._stream.write_batch(batch)
+
+    def finish(self) -> bytes:
+        """The whole stream; nothing may be written after."""
+        self._stream.close()
+        return bytes(self._sink.getvalue().to_pybytes())
+
+
 @dataclass(slots=True)
 class _OpenEpoch:
     number: int
     phase: _Phase
-    batches: list[pa.RecordBatch] = field(default_factory=list)
+    staged: _StagedCopy | None = None
     in_transaction: bool = False
 
 
@@ -313,7 +337,8 @@ class KafkaSink(SinkConnector):
             await asyncio.to_thread(writer.producer.begin_transaction)
         except KafkaException as error:
             raise _transaction_error(writer.settings, f"begin epoch {epoch}", error) from error
-        writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True)
+        staged = _StagedCopy(writer.settings.schema)
+        writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, staged, in_transaction=True)
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Produce one record per row, in the epoch's transaction.
@@ -329,9 +354,14 @@ class KafkaSink(SinkConnector):
             raise InvalidState("begin_epoch() before write_batch()", "no epoch being written")
         if epoch.phase is _Phase.SKIPPING:
             return WriteResult(batch.num_rows, 0)
-        await asyncio.to_thread(_produce, writer, records)
-        if writer.settings.exactly_once:
-            epoch.batches.append(batch)
+        if epoch.staged is None:
+            await asyncio.to_thread(_produce, writer, records)
+        else:  # the staged copy is written beside the producing thread
+            staged = epoch.staged
+            await _all_of(
+                asyncio.to_thread(_produce, writer, records),
+                asyncio.to_thread(staged.write, batch),
+            )
         self._records_total += batch.num_rows
         self._bytes_total += records.size
         return WriteResult(batch.num_rows, records.size)
@@ -357,17 +387,11 @@ class KafkaSink(SinkConnector):
             current.phase = _Phase.PRE_COMMITTED
             return
         await asyncio.to_thread(_produce_marker, writer, epoch)
+        assert current.staged is not None, "begin_epoch starts the staged copy"
         # Flush and stage at once: one waits on the brokers, the other on the disk. A failed
         # flush leaves a staged copy behind, which rolling the epoch back discards.
-        outcomes = await asyncio.gather(
-            asyncio.to_thread(_flush, writer),
-            _stage(writer, epoch, current.batches),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:  # the flush's failure first, as when they ran in turn
-            if isinstance(outcome, BaseException):
-                raise outcome
-        current.batches = []
+        await _all_of(asyncio.to_thread(_flush, writer), _stage(writer, epoch, current.staged))
+        current.staged = None
         current.phase = _Phase.PRE_COMMITTED
 
     async def commit_epoch(self, epoch: int) -> None:
@@ -683,10 +707,18 @@ def _staging(settings: SinkSettings, config: ConnectorConfig) -> EpochStaging | 
     return StoreStaging(config.state_store, settings.transactional_id)
 
 
-async def _stage(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
-    """Keep the epoch's batches as one Arrow IPC stream, complete and durable."""
+async def _all_of(*steps: Coroutine[Any, Any, object]) -> None:
+    """Run ``steps`` at once, each to its end; then raise the first one's failure, if any."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in outcomes:  # the first step's failure first, as when they ran in turn
+        if isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _stage(writer: _Writer, epoch: int, staged: _StagedCopy) -> None:
+    """Keep the epoch's batches, as one Arrow IPC stream, complete and durable."""
     staging = writer.staged()
-    data = await asyncio.to_thread(_ipc_stream, writer.settings.schema, batches)
+    data = await asyncio.to_thread(staged.finish)
     try:
         await staging.save(epoch, data)
     except STAGING_ERRORS as error:
@@ -694,14 +726,6 @@ async def _stage(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> 
             f"{SINK_NAME}: cannot stage epoch {epoch} in {staging.where(epoch)}: {error}; "
             "check that the laminar checkpoint location (or staging.dir) is writable"
         ) from error
-
-
-def _ipc_stream(schema: pa.Schema, batches: list[pa.RecordBatch]) -> bytes:
-    stream = pa.BufferOutputStream()
-    with pa.ipc.new_stream(stream, schema) as ipc:
-        for batch in batches:
-            ipc.write_batch(batch)
-    return bytes(stream.getvalue().to_pybytes())
 
 
 async def _staged_batches(writer: _Writer, epoch: int) -> list[pa.RecordBatch]:
