@@ -419,9 +419,7 @@ def not_installed_as_built(site_packages: Path, wheel: Path) -> set[str]:
     return built - set((site_packages / record).read_text().splitlines())
 
 
-# Nightly: builds every wheel, then runs the generated project's whole tox. In CI the kit's
-# Spark layer runs on an outsider's source and sink (tests/conformance/test_spark_layer.py).
-@pytest.mark.full
+@pytest.mark.slow
 @pytest.mark.spark
 def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     laminar_wheelhouse, tmp_path

@@ -355,20 +355,19 @@ def crash_then_restart(work: Path, crash: str) -> tuple[ChildRun, list[int]]:
     return killed, sorted(MemorySink.committed_ids(work / "sink"))
 
 
-# CI kills inside commit_epoch (tests/spark/test_live_source_recovery.py inside a source's
-# read); `tox -e full` at every point inside a call.
+# Nightly: CI kills inside a call on Spark in tests/spark/test_live_source_recovery.py (inside
+# a source's read), and counts a sink's marked points here without Spark.
 SPARK_POINTS = [
-    pytest.param("pre-commit-inside:1", id="3-pre-commit-inside", marks=pytest.mark.full),
+    pytest.param("pre-commit-inside:1", id="3-pre-commit-inside"),
     pytest.param("commit-inside:1:2", id="6-commit-inside"),
-    pytest.param("source-read:1:2", id="9-source-read", marks=pytest.mark.full),
+    pytest.param("source-read:1:2", id="9-source-read"),
     # The 4th write of the checkpoint store: publishing micro-batch 1's manifest (file store).
-    pytest.param(
-        "checkpoint-write:1:4", id="10-checkpoint-write-torn-manifest", marks=pytest.mark.full
-    ),
+    pytest.param("checkpoint-write:1:4", id="10-checkpoint-write-torn-manifest"),
 ]
 
 
 @pytest.mark.spark
+@pytest.mark.full
 @pytest.mark.parametrize("crash", SPARK_POINTS)
 def test_a_pipeline_killed_inside_a_call_restarts_exactly_once(tmp_path, crash):
     killed, ids = crash_then_restart(tmp_path, crash)
