@@ -167,6 +167,8 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
         [
             sys.executable, "-m", "laminar_conformance", "run", "outsider-queue", "--seed", "3",
             "--plugin", "outsider", "--report", str(report),
+            # Its in-process checks: tests/conformance/test_broken_variants.py.
+            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
         ],
         cwd=tmp_path,
         env=environment,

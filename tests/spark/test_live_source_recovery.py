@@ -98,6 +98,7 @@ TICKETS = 200
 RE_RUN = 3
 
 
+@pytest.mark.full  # nightly: CI re-runs polled micro-batches in the test above
 def test_a_re_run_holds_its_first_runs_records_even_from_a_source_that_is_not_deterministic(
     tmp_path: Path, ticket_site: str
 ) -> None:
