@@ -426,8 +426,10 @@ def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
 ):
     project = generated(tmp_path, NAME)
     clean = {name: os.environ[name] for name in KEPT_VARIABLES if name in os.environ}
+    # The sink's role only: both roles' Spark layers would double the time for the same proof
+    # (the kit's source-side Spark layer: tests/conformance/test_spark_layer.py).
     run = tool(
-        "tox", "--", "--seed", SEED,
+        "tox", "--", "--seed", SEED, "--role", "sink",
         cwd=project, env={**clean, "LAMINAR_WHEELHOUSE": str(laminar_wheelhouse)},
     )  # fmt: skip
     out = run.stdout + run.stderr
@@ -442,27 +444,23 @@ def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     for wheel in wheels:
         assert not_installed_as_built(site_packages, wheel) == set(), f"not {wheel.name}"
 
-    # The plugin's own tests ran, then the kit once per role, strictly, with its Spark layer:
-    # the JUnit file has the Spark check passed, the report says the driver was killed.
+    # The plugin's own tests ran, then the kit, strictly, with its Spark layer: the JUnit file
+    # has the Spark check passed, the report says the driver was killed.
     assert re.search(r"^=+ 3 passed in ", out, re.MULTILINE), out[-6000:]
-    for role in ("source", "sink"):
-        assert f"laminar conformance: {role} 'acme' from laminar-plugin-acme 0.1.0;" in out
-        (suite,) = (
-            ElementTree.parse(project / f"conformance.{role}.xml").getroot().iter("testsuite")
-        )
-        assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
-        (spark,) = [case for case in suite.iter("testcase") if case.get("name") == SPARK_CHECK]
-        outcome = [child.tag for child in spark if child.tag in {"skipped", "failure", "error"}]
-        assert outcome == [], f"the Spark layer did not pass for the {role}: {outcome}"
-        report = (project / f"conformance.{role}.md").read_text()
-        assert "- **Result: PASSED**" in report
-        assert f"--seed {SEED} --strict`" in report
-        assert re.search(
-            r"^- Spark layer: passed — 1 pipeline\(s\), 1 crash\(es\) injected \(SIGKILL",
-            report,
-            re.MULTILINE,
-        ), report
-    assert "laminar conformance: 'acme', both roles: source passed, sink passed" in out
+    assert "laminar conformance: sink 'acme' from laminar-plugin-acme 0.1.0;" in out
+    (suite,) = ElementTree.parse(project / "conformance.xml").getroot().iter("testsuite")
+    assert (suite.get("failures"), suite.get("errors")) == ("0", "0")
+    (spark,) = [case for case in suite.iter("testcase") if case.get("name") == SPARK_CHECK]
+    outcome = [child.tag for child in spark if child.tag in {"skipped", "failure", "error"}]
+    assert outcome == [], f"the Spark layer did not pass: {outcome}"
+    report = (project / "conformance.md").read_text()
+    assert "- **Result: PASSED**" in report
+    assert f"--seed {SEED} --role sink --strict`" in report
+    assert re.search(
+        r"^- Spark layer: passed — 1 pipeline\(s\), 1 crash\(es\) injected \(SIGKILL",
+        report,
+        re.MULTILINE,
+    ), report
 
     # ruff and mypy ran on the generated code.
     assert "All checks passed!" in out

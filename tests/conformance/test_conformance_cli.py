@@ -204,8 +204,9 @@ def test_an_installed_plugin_is_checked_through_its_own_context(tmp_path, instal
     )
     # The Spark layer on an installed plugin: tests/test_scaffold.py (the generated project).
     result = conformance(
-        "run", "installed-memory", "--seed", "3", "--no-spark", cwd=tmp_path, path=site
-    )
+        "run", "installed-memory", "--seed", "3", "--no-spark",
+        "--check", "test_epoch_protocol_state_machine", cwd=tmp_path, path=site,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "sink 'installed-memory' from laminar-plugin-installed 1.0.0" in result.stdout
 

@@ -466,6 +466,7 @@ def laminar_register_connectors(registry):
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.full  # nightly: CI checks the abort and rollback of a raising sink without Spark
 def test_a_failing_sink_call_is_aborted_and_a_restart_commits_exactly_once(
     tmp_path, install_distribution
 ):
