@@ -82,7 +82,12 @@ from laminar_sdk._errors import (
 )
 from laminar_sdk._forwarding import ForwardingSink
 from laminar_sdk._hookspecs import hookimpl, hookspec
-from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
+from laminar_sdk._parallel import (
+    DistributedCommitSink,
+    PartitionRange,
+    RangeReadableSource,
+    share_records,
+)
 from laminar_sdk._pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
 from laminar_sdk._plugins import (
     ALLOWLIST_VARIABLE,
@@ -214,6 +219,7 @@ __all__ = [
     "open_checkpointer",
     "parse_bool",
     "prune_checkpoints",
+    "share_records",
     "spark_temporary_files_in",
     "stage_task",
     "store_for_location",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata
@@ -114,7 +115,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"laminar: error: the pipeline failed: {error.getMessage()}", file=sys.stderr)
         return 1
     except spark_run.DRIVER_LOST as error:
-        # py4j's traceback of a vanished JVM says nothing the user can act on.
+        # py4j's traceback of a vanished JVM says nothing the user can act on, and PySpark's
+        # exit hooks, still calling the dead JVM, would log it again: logging ends here.
+        logging.disable(logging.CRITICAL)
         print(f"laminar: error: {spark_run.driver_lost(error)}", file=sys.stderr)
         return 1
     print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")

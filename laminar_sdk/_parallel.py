@@ -21,8 +21,9 @@ what one Python process does. Two opt-in capabilities lift the cap, each offered
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -51,6 +52,42 @@ class PartitionRange:
     end: str
 
 
+class _SortableKey(Hashable, Protocol):
+    def __lt__(self, other: Any, /) -> bool: ...  # noqa: ANN401  # as int's and tuple's
+
+
+KeyT = TypeVar("KeyT", bound=_SortableKey)
+
+
+def share_records(available: Mapping[KeyT, int], limit: int | None) -> dict[KeyT, int]:
+    """Split ``limit`` records across partitions fairly, for :meth:`RangeReadableSource.plan_end`.
+
+    Each partition with records gets an equal share of what remains, in key order; what a
+    partition cannot use (it has fewer records than its share) goes to the others, until the
+    limit or every record is taken. ``share_records({0: 10, 1: 2}, 6) == {0: 4, 1: 2}``.
+
+    :param available: the records available after the start, by partition key.
+    :param limit: at most this many records in all; ``None``: everything available.
+    :returns: how many records to take from each partition of ``available``.
+    """
+    if limit is None:
+        return dict(available)
+    share = dict.fromkeys(available, 0)
+    remaining = max(0, limit)
+    open_keys = sorted(key for key, count in available.items() if count > 0)
+    while remaining and open_keys:
+        each = max(1, remaining // len(open_keys))
+        for key in list(open_keys):
+            given = min(each, available[key] - share[key], remaining)
+            share[key] += given
+            remaining -= given
+            if share[key] == available[key]:
+                open_keys.remove(key)
+            if not remaining:
+                break
+    return share
+
+
 class RangeReadableSource(ABC):
     """A replayable source whose partitions can be read in parallel, range by range.
 
@@ -72,9 +109,10 @@ class RangeReadableSource(ABC):
         """The checkpoint after the records available now that follow ``start``.
 
         At most ``max_records`` records lie between ``start`` and the result (``None``: no
-        bound). Returns ``start`` itself (equal offsets) when nothing new is available. The
-        result may only name records that :meth:`read_range` can return from now on, in any
-        process. Does not move this instance.
+        bound); :func:`share_records` splits it fairly across partitions. Returns ``start``
+        itself (equal offsets) when nothing new is available. The result may only name records
+        that :meth:`read_range` can return from now on, in any process. Does not move this
+        instance.
 
         The Spark bridge turns its byte budget per micro-batch into ``max_records``: by the
         schema when every column has a fixed width, else by the average size of a sample of

@@ -455,7 +455,7 @@ def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     assert outcome == [], f"the Spark layer did not pass: {outcome}"
     report = (project / "conformance.md").read_text()
     assert "- **Result: PASSED**" in report
-    assert f"--seed {SEED} --role sink --strict`" in report
+    assert f"--role sink --seed {SEED} --strict`" in report
     assert re.search(
         r"^- Spark layer: passed — 1 pipeline\(s\), 1 crash\(es\) injected \(SIGKILL",
         report,

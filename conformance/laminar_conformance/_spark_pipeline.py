@@ -275,6 +275,45 @@ def run_in_child(
     return start_child(pipeline, directory, name, crash=crash, python_path=python_path).wait()
 
 
+def run_pipeline_file(
+    pipeline_file: Path, log: Path, *, crash: str | None = None, timeout_s: float = 600
+) -> int:
+    """``laminar run PIPELINE_FILE`` in a child process group, killed at ``crash`` if given.
+
+    Its output goes to ``log``; the crash hook records the kill in ``log`` with the suffix
+    ``.crash``. The run's Spark temporary files go to ``log`` with the suffix ``.tmp``,
+    removed when it ends, and every process it started (a killed JVM's Python workers) is
+    killed then. An inherited ``LAMINAR_SPARK_CRASH_AT`` is dropped.
+
+    :param crash: a crash point, as ``LAMINAR_SPARK_CRASH_AT`` takes it.
+    :returns: the run's exit status (not 0 when it was killed).
+    :raises subprocess.TimeoutExpired: when it runs longer than ``timeout_s``.
+    """
+    temporary = log.with_suffix(".tmp")
+    temporary.mkdir()
+    environment = spark_temporary_files_in(
+        temporary, {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
+    environment.pop(CRASH_AT_VARIABLE, None)
+    environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
+    if crash is not None:
+        environment[CRASH_AT_VARIABLE] = crash
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "laminar_sdk", "run", str(pipeline_file)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            cwd=pipeline_file.parent,
+            start_new_session=True,
+        )
+        try:
+            return process.wait(timeout=timeout_s)
+        finally:
+            _kill_group(process.pid)
+            shutil.rmtree(temporary)
+
+
 def _kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

@@ -35,6 +35,7 @@ from laminar_conformance._spark_pipeline import (
     RunningChild,
     SparkPipeline,
     run_in_child,
+    run_pipeline_file,
     start_child,
 )
 from laminar_conformance._suite import ConnectorSuite, Target, check
@@ -52,6 +53,7 @@ __all__ = [
     "SparkSourceSuite",
     "run_in_child",
     "run_pipeline",
+    "run_pipeline_file",
     "start_child",
 ]
 

@@ -19,6 +19,7 @@ from laminar_sdk import (
     ReadError,
     SourceCheckpoint,
     SourceConnector,
+    share_records,
 )
 from laminar_sdk.reference import GeneratorSource, MemorySource
 from laminar_sdk.reference._offsets import planned_ends
@@ -319,3 +320,19 @@ async def _ranges_agree_with_polling(
             assert sum(len(ids) for ids in read.values()) <= budget
         assert read == await polled_per_partition(restored, start, end)
         start = end
+
+
+@given(
+    available=st.dictionaries(st.integers(0, 7), st.integers(0, 50), max_size=6),
+    limit=st.one_of(st.none(), st.integers(0, 400)),
+)
+def test_share_records_takes_the_limit_fairly_and_never_more_than_a_partition_has(available, limit):
+    share = share_records(available, limit)
+    assert share.keys() == available.keys()
+    assert all(0 <= share[key] <= available[key] for key in available)
+    total = sum(available.values())
+    assert sum(share.values()) == (total if limit is None else min(limit, total))
+    # Fair: a partition gets less than another only when it has nothing more to give.
+    most = max(share.values(), default=0)
+    for key, taken in share.items():
+        assert taken + 1 >= most or taken == available[key], (share, available)

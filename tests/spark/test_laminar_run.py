@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from laminar_conformance.spark import run_pipeline_file
 
 from laminar_sdk import load_connector_registry
 from laminar_sdk._pipeline_file import load_pipeline_file
@@ -49,21 +50,22 @@ def test_run_a_pipeline_file_with_a_transform_exactly_once(tmp_path: Path) -> No
     pipeline.write_text(PIPELINE.format(source="generator"))
     registry = load_connector_registry()
     assert decided_epochs(load_pipeline_file(pipeline, registry=registry), registry) == -1
-    first = laminar("run", str(pipeline))
-    assert first.returncode == 0, first.stderr[-2000:]
-    epochs = [line.split(", committed in")[0].strip() for line in first.stdout.splitlines()]
+    first = tmp_path / "first.log"
+    assert run_pipeline_file(pipeline, first) == 0, first.read_text()[-2000:]
+    output = first.read_text()
+    epochs = [line.split(", committed in")[0].strip() for line in output.splitlines()]
     # 60 rows in each partition, 25 of each per epoch; the even ids are partition 0's.
     assert [line for line in epochs if line.startswith("epoch ")] == [
         "epoch 0: 50 rows read, 25 written",
         "epoch 1: 50 rows read, 25 written",
         "epoch 2: 20 rows read, 10 written",
-    ], first.stdout
+    ], output
     assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(0, 120, 2))
     # What the next run is told: Spark running epoch 2 again would be a re-run.
     assert decided_epochs(load_pipeline_file(pipeline, registry=registry), registry) == 2
 
-    again = laminar("run", str(pipeline))
-    assert again.returncode == 0, again.stderr[-2000:]
+    again = tmp_path / "again.log"
+    assert run_pipeline_file(pipeline, again) == 0, again.read_text()[-2000:]
     assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(0, 120, 2))
 
 

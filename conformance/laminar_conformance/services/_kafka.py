@@ -135,7 +135,18 @@ def choose_kafka_provider(
     ``LAMINAR_KAFKA_BOOTSTRAP`` names an existing cluster and wins; else a testcontainers
     ``KafkaContainer`` when a Docker engine answers; else the local launcher.
     """
-    if environ.get(KAFKA_BOOTSTRAP_VARIABLE, "").strip():
+    return choose_provider(KAFKA_BOOTSTRAP_VARIABLE, environ, docker_available)
+
+
+def choose_provider(
+    variable: str, environ: Mapping[str, str], docker_available: Callable[[], bool]
+) -> ServiceProvider:
+    """Where a service comes from, in the order every launcher of the kit follows.
+
+    ``EXTERNAL`` when ``variable`` is set (not blank), else ``CONTAINER`` when a Docker engine
+    answers, else ``LOCAL``.
+    """
+    if environ.get(variable, "").strip():
         return ServiceProvider.EXTERNAL
     if docker_available():
         return ServiceProvider.CONTAINER

@@ -39,6 +39,7 @@ from types import TracebackType
 
 from laminar_conformance.services._kafka import (
     ServiceProvider,
+    choose_provider,
     docker_engine_available,
     free_port,
     temporary_workdir,
@@ -134,11 +135,7 @@ def choose_postgres_provider(
     ``LAMINAR_POSTGRES_DSN`` names an existing server and wins; else a testcontainers
     ``PostgresContainer`` when a Docker engine answers; else the local launcher.
     """
-    if environ.get(POSTGRES_DSN_VARIABLE, "").strip():
-        return ServiceProvider.EXTERNAL
-    if docker_available():
-        return ServiceProvider.CONTAINER
-    return ServiceProvider.LOCAL
+    return choose_provider(POSTGRES_DSN_VARIABLE, environ, docker_available)
 
 
 def external_dsn(environ: Mapping[str, str]) -> str:

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,6 +37,7 @@ from laminar_sdk import (
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
+    share_records,
 )
 from laminar_sdk.reference import Lifecycle
 
@@ -488,7 +489,7 @@ class KafkaSource(SourceConnector, RangeReadableSource):
             else:
                 first[key] = low
         available = {key: max(0, bounds[key][1] - first[key]) for key in bounds}
-        for key, count in _fair_share(available, max_records).items():
+        for key, count in share_records(available, max_records).items():
             # A partition absent from start enters the plan where polling would put it:
             # at its first offset past any records, unless that is offset 0 (nothing there).
             if count or (key not in starts and first[key] > 0):
@@ -630,28 +631,6 @@ def _bounds(reader: _Reader, keys: list[PartitionKey]) -> dict[PartitionKey, tup
     )
     admin = reader.offsets_client({topic for topic, _ in keys})
     return offset_bounds(reader.settings.client, admin, keys, level, ReadError)
-
-
-def _fair_share(
-    available: Mapping[PartitionKey, int], limit: int | None
-) -> dict[PartitionKey, int]:
-    """Split ``limit`` across partitions: equal shares, what one cannot use going to the rest."""
-    if limit is None:
-        return dict(available)
-    share = dict.fromkeys(available, 0)
-    remaining = max(0, limit)
-    open_keys = sorted(key for key, count in available.items() if count > 0)
-    while remaining and open_keys:
-        each = max(1, remaining // len(open_keys))
-        for key in list(open_keys):
-            given = min(each, available[key] - share[key], remaining)
-            share[key] += given
-            remaining -= given
-            if share[key] == available[key]:
-                open_keys.remove(key)
-            if not remaining:
-                break
-    return share
 
 
 async def _stop_watching(reader: _Reader) -> None:

@@ -10,17 +10,9 @@ A ``read_committed`` reader of the output topic then sees every id exactly once.
 from __future__ import annotations
 
 import importlib.util
-import os
-import shutil
-import signal
-import subprocess
-import sys
-from contextlib import suppress
-from pathlib import Path
 
 import pytest
-from laminar_sdk import spark_temporary_files_in
-from laminar_sdk.spark import CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
+from laminar_conformance.spark import run_pipeline_file
 
 pytestmark = [
     pytest.mark.spark,
@@ -57,34 +49,6 @@ max_records_per_batch = {records_per_epoch}
 """
 
 
-def run_pipeline(pipeline: Path, log: Path, crash_at: str | None) -> int:
-    """``laminar run PIPELINE`` in a child process group, killed at ``crash_at`` if given."""
-    temporary = log.with_suffix(".tmp")
-    temporary.mkdir()
-    environment = spark_temporary_files_in(
-        temporary, {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    )
-    environment.pop(CRASH_AT_VARIABLE, None)
-    environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
-    if crash_at is not None:
-        environment[CRASH_AT_VARIABLE] = crash_at
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "laminar_sdk", "run", str(pipeline)],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            cwd=pipeline.parent,
-            start_new_session=True,
-        )
-        try:
-            return process.wait(timeout=300)
-        finally:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # workers a killed JVM left behind
-            shutil.rmtree(temporary)
-
-
 @pytest.mark.parametrize(
     "kills",
     [
@@ -117,7 +81,7 @@ def test_kafka_to_kafka_killed_delivers_every_id_once(kafka, tmp_path, kills):
     for crash_at in kills:
         run = crash_at.split(":")[0]
         log = tmp_path / f"killed-at-{run}.log"
-        status = run_pipeline(pipeline, log, crash_at)
+        status = run_pipeline_file(pipeline, log, crash=crash_at)
         assert status != 0, log.read_text(errors="replace")[-3000:]
         crash_record = log.with_suffix(".crash")
         assert crash_record.exists(), f"not killed at {crash_at}: {log.read_text()[-3000:]}"
@@ -125,7 +89,7 @@ def test_kafka_to_kafka_killed_delivers_every_id_once(kafka, tmp_path, kills):
             staged = [path.name for path in staging.rglob("*.arrow")]
             assert staged == ["epoch-1.arrow"], "the decided epoch waits there for its commit"
     finished = tmp_path / "finished.log"
-    assert run_pipeline(pipeline, finished, None) == 0, finished.read_text()[-3000:]
+    assert run_pipeline_file(pipeline, finished) == 0, finished.read_text()[-3000:]
 
     assert kafka.committed_ids(sink_topic, PARTITIONS) == list(range(IDS))
     assert not list(staging.rglob("*.arrow")), "staged copies left behind"

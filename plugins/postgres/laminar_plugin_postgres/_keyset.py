@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -43,6 +43,7 @@ from laminar_sdk import (
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
+    share_records,
 )
 from laminar_sdk.reference import Lifecycle
 from psycopg import sql
@@ -261,7 +262,7 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
                 available[index] = await _count_after(
                     reader, index, starts.get(partition_id(index)), max_records
                 )
-            for index, count in _fair_share(available, max_records).items():
+            for index, count in share_records(available, max_records).items():
                 if count:
                     after = starts.get(partition_id(index))
                     offsets[partition_id(index)] = json.dumps(
@@ -482,26 +483,6 @@ async def _rows(reader: _Reader, query: sql.Composable) -> list[tuple[object, ..
         raise failure(
             reader.settings.connection, f"read {reader.settings.table}", error, ReadError
         ) from None
-
-
-def _fair_share(available: Mapping[int, int], limit: int | None) -> dict[int, int]:
-    """Split ``limit`` across partitions: equal shares, what one cannot use going to the rest."""
-    if limit is None:
-        return dict(available)
-    share = dict.fromkeys(available, 0)
-    remaining = max(0, limit)
-    open_partitions = sorted(p for p, count in available.items() if count > 0)
-    while remaining and open_partitions:
-        each = max(1, remaining // len(open_partitions))
-        for partition in list(open_partitions):
-            given = min(each, available[partition] - share[partition], remaining)
-            share[partition] += given
-            remaining -= given
-            if share[partition] == available[partition]:
-                open_partitions.remove(partition)
-            if not remaining:
-                break
-    return share
 
 
 def _partition_index(partition: str, partitions: int) -> int:

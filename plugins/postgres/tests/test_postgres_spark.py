@@ -16,18 +16,11 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-from contextlib import suppress
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-from laminar_sdk import spark_temporary_files_in
-from laminar_sdk.spark import CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
+from laminar_conformance.spark import run_pipeline_file
 
 from laminar_plugin_postgres import create_slot
 
@@ -87,41 +80,13 @@ max_records_per_batch = {per_epoch}
 """
 
 
-def run_pipeline(pipeline: Path, log: Path, crash_at: str | None) -> int:
-    """``laminar run PIPELINE`` in a child process group, killed at ``crash_at`` if given."""
-    temporary = log.with_suffix(".tmp")
-    temporary.mkdir()
-    environment = spark_temporary_files_in(
-        temporary, {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    )
-    environment.pop(CRASH_AT_VARIABLE, None)
-    environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
-    if crash_at is not None:
-        environment[CRASH_AT_VARIABLE] = crash_at
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "laminar_sdk", "run", str(pipeline)],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            cwd=pipeline.parent,
-            start_new_session=True,
-        )
-        try:
-            return process.wait(timeout=600)
-        finally:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # workers a killed JVM left behind
-            shutil.rmtree(temporary)
-
-
 def run_killed_then_to_the_end(pipeline: Path, crash_at: str | None) -> None:
     if crash_at is not None:
         log = pipeline.with_name("killed.log")
-        assert run_pipeline(pipeline, log, crash_at) != 0, log.read_text()[-3000:]
+        assert run_pipeline_file(pipeline, log, crash=crash_at) != 0, log.read_text()[-3000:]
         assert log.with_suffix(".crash").exists(), f"not killed at {crash_at}"
     log = pipeline.with_name("finished.log")
-    assert run_pipeline(pipeline, log, None) == 0, log.read_text(errors="replace")[-3000:]
+    assert run_pipeline_file(pipeline, log) == 0, log.read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.parametrize("crash_at", [None, "commit:1"], ids=["clean", "killed"])
