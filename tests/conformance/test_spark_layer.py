@@ -162,7 +162,6 @@ def test_the_same_sink_with_its_commit_record_on_disk_passes(tmp_path, one_insta
 def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     """A third-party polled source of three partitions, probed live: data arrives while down."""
     report = tmp_path / "report.md"
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     result = subprocess.run(
         [
             sys.executable, "-m", "laminar_conformance", "run", "outsider-queue", "--seed", "3",
@@ -171,7 +170,7 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
             "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
         ],
         cwd=tmp_path,
-        env=environment,
+        env=python_path(HERE),
         capture_output=True,
         text=True,
         check=False,
