@@ -26,6 +26,7 @@ from laminar_sdk._spark.arrow import (
 )
 from laminar_sdk._spark.datasource import FORMAT_NAME, LaminarDataSource
 from laminar_sdk._spark.faults import (
+    CRASH_AT_FILE_PREFIX,
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
     KILL_WRITER_VARIABLE,
@@ -36,6 +37,7 @@ from laminar_sdk._spark.options import SDK_OPTIONS, BridgeOptions, SdkOption, pa
 from laminar_sdk._spark.session import build_session
 
 __all__ = [
+    "CRASH_AT_FILE_PREFIX",
     "CRASH_AT_VARIABLE",
     "CRASH_RECORD_VARIABLE",
     "FORMAT_NAME",

@@ -108,10 +108,11 @@ PROFILES = {
 """The profiles by name.
 
 On Spark, ``quick`` kills its pipeline once: two Spark drivers start, the one killed and the
-one that finishes. A driver's start-up dominates: one takes about 35 s on an idle two-core
-machine (JVM, then a Python worker per kind of task), so ``quick``'s Spark layer takes over a
-minute there, and two to three on a busy one. ``full`` kills it at all ten crash points that
-docs/epoch-protocol.md lists, one after the other, in one pipeline: eleven drivers."""
+one that finishes. A driver's start-up and first micro-batch dominate (about 20 s on an idle
+two-core machine: the JVM, then a Python worker per kind of task); the restart's driver starts
+and warms up while the first run goes on, so ``quick``'s Spark layer takes about 30 s there.
+``full`` kills it at all ten crash points that docs/epoch-protocol.md lists, one after the
+other, in one pipeline: eleven drivers."""
 
 
 def selected_profile(config: pytest.Config, default: str = "quick") -> Profile:

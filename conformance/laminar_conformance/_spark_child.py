@@ -8,7 +8,9 @@ has nothing more, and exits 0 — or dies where ``LAMINAR_SPARK_CRASH_AT`` says,
 from __future__ import annotations
 
 import functools
+import os
 import pickle
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +22,11 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType
 
 from laminar_conformance._spark_pipeline import (
     CONTEXT_IDS,
+    CRASH_AT_FILE_PREFIX,
+    CRASH_AT_VARIABLE,
     RECORD_KEY,
+    RELEASE,
+    STANDBY_FLAG,
     TAKE_RECORDS,
     IdsTransform,
     SparkPipeline,
@@ -114,15 +120,70 @@ def _transformed(frame: DataFrame, transform: IdsTransform) -> DataFrame:
     raise ValueError(f"unknown transform {transform.kind!r}")
 
 
+def warm_up(spark: SparkSession, directory: Path, like: SparkPipeline) -> None:
+    """Run a pipeline of the reference connectors in ``spark``, ``directory`` its only files.
+
+    A driver standing by does, before its crash point is set: the JVM loads and compiles what
+    a laminar pipeline's first micro-batch needs and Spark starts the Python workers it keeps
+    for the next queries (the installed plugins loaded in them), which otherwise takes most of
+    a short run. ``generator`` -> ``memory`` on ``like``'s master, two micro-batches; nothing
+    of ``like``'s checkpoint or connectors is touched.
+    """
+    pipeline = SparkPipeline(
+        source="generator",
+        source_options={"rows": str(WARM_UP_IDS_PER_BATCH), "partitions": "2", "batch_size": "1"},
+        sink="memory",
+        sink_options={"path": str(directory / "sink")},
+        checkpoint_location=str(directory / "checkpoint"),
+        max_records_per_batch=WARM_UP_IDS_PER_BATCH,
+        master=like.master,
+        timeout_s=like.timeout_s,
+    )
+    try:
+        run(spark, pipeline)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+WARM_UP_IDS_PER_BATCH = 2
+"""Two partitions of as many ids: two micro-batches."""
+
+
+def set_crash_point(point: str) -> None:
+    """Write ``point`` to the file ``LAMINAR_SPARK_CRASH_AT=@FILE`` names, whole at once."""
+    path = Path(os.environ[CRASH_AT_VARIABLE].removeprefix(CRASH_AT_FILE_PREFIX))
+    written = path.with_suffix(".writing")
+    written.write_text(point, encoding="utf-8")
+    written.replace(path)  # Python workers may read it at any moment
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the pipeline in the file ``argv[0]``; 0 when it finished."""
+    """Run the pipeline in the file ``argv[-1]``; 0 when it finished.
+
+    With ``--standby`` first, the Spark session is built and warmed up (:func:`warm_up`), and
+    the query starts only when a line ``go [CRASH]`` arrives on standard input, after
+    :func:`set_crash_point` when it names one; at its end instead, the child exits with 0.
+    """
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if len(arguments) != 1:
-        print("usage: python -m laminar_conformance._spark_child PIPELINE.json", file=sys.stderr)
+    standby = arguments[:1] == [STANDBY_FLAG]
+    if len(arguments) != 1 + standby:
+        print(
+            f"usage: python -m laminar_conformance._spark_child [{STANDBY_FLAG}] PIPELINE.json",
+            file=sys.stderr,
+        )
         return 2
-    pipeline = SparkPipeline.from_json(Path(arguments[0]).read_text(encoding="utf-8"))
+    spec = Path(arguments[-1])
+    pipeline = SparkPipeline.from_json(spec.read_text(encoding="utf-8"))
     spark = session(pipeline)
     try:
+        if standby:
+            warm_up(spark, spec.with_suffix(".warm-up"), pipeline)
+            print("standing by", flush=True)
+            order = sys.stdin.readline().split()
+            if order[:1] != [RELEASE]:
+                return 0
+            if order[1:]:
+                set_crash_point(order[1])
         run(spark, pipeline)
     finally:
         spark.stop()

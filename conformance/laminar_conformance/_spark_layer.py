@@ -47,9 +47,10 @@ from laminar_conformance._spark_pipeline import (
     RECORD_KEY,
     TAKE_RECORDS,
     ChildRun,
+    Crash,
     IdsTransform,
     SparkPipeline,
-    run_in_child,
+    one_after_another,
 )
 from laminar_conformance._suite import Target
 from laminar_conformance._timeline import Timeline
@@ -206,46 +207,50 @@ class SparkLayer:
 
     def _run(self, case: _Case, schedule: tuple[CrashPoint, ...]) -> CaseResult:
         result = CaseResult()
-        finished = False
-        for number, point in enumerate(schedule, start=1):
-            self._progress(f"Spark run {number}, to be killed at {describe_crash(point)}")
-            committed = case.pipeline.spark_batches("commits")
-            with _arriving(case) as arrived:
-                run = run_in_child(
-                    case.pipeline,
-                    case.directory,
-                    f"run-{number}",
-                    crash=str(self._for_child(case, point)),
-                    python_path=self._python_path,
+        plan: list[CrashPoint | None] = [*schedule, None]  # the last run goes to the end
+        runs: list[tuple[str, Crash]] = [
+            (f"run-{number}", self._crash(case, point))
+            for number, point in enumerate(schedule, start=1)
+        ]
+        children = one_after_another(
+            case.pipeline,
+            case.directory,
+            [*runs, ("run-last", None)],
+            python_path=self._python_path,
+        )
+        with contextlib.closing(children):
+            for index, point in enumerate(plan):
+                number = index + 1
+                self._progress(
+                    f"Spark run {number}, to the end"
+                    if point is None
+                    else f"Spark run {number}, to be killed at {describe_crash(point)}"
                 )
-            if arrived:
-                self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
-            newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
-            result.ran(number - 1, newly, point if run.crashed else None)
-            if run.crashed:
-                result.fired.append(str(point))
-                if case.arrive is not None:
-                    # Data keeps arriving while the driver is down, in every partition: the
-                    # restart must replay the micro-batch it had planned exactly, not what
-                    # the source holds now.
-                    self._progress(f"{case.arrive()} new ids appended while the driver is down")
-                continue
-            if run.returncode != 0:
-                result.problems.append(_failed(run, f"run {number} (to crash at {point})"))
-                return result
-            finished = True
-            break
-        if not finished:
-            self._progress(f"Spark run {len(schedule) + 1}, to the end")
-            committed = case.pipeline.spark_batches("commits")
-            last = run_in_child(
-                case.pipeline, case.directory, "run-last", python_path=self._python_path
-            )
-            newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
-            result.ran(len(schedule), newly, None)
-            if last.returncode != 0:
-                result.problems.append(_failed(last, "the last run (no crash)"))
-                return result
+                committed = case.pipeline.spark_batches("commits")
+                # The last run must find everything there when it starts (availableNow).
+                with _arriving(case if point is not None else None) as arrived:
+                    run = next(children).wait()
+                if arrived:
+                    self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
+                newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
+                result.ran(index, newly, point if run.crashed else None)
+                if run.crashed:
+                    result.fired.append(str(point))
+                    if case.arrive is not None:
+                        # Data keeps arriving while the driver is down, in every partition: the
+                        # restart must replay the micro-batch it had planned exactly, not what
+                        # the source holds now.
+                        self._progress(f"{case.arrive()} new ids appended while the driver is down")
+                    continue
+                if run.returncode != 0:
+                    what = (
+                        "the last run (no crash)"
+                        if point is None
+                        else f"run {number} (to crash at {point})"
+                    )
+                    result.problems.append(_failed(run, what))
+                    return result
+                break
         result.epochs = len(case.pipeline.spark_batches("commits"))
         if not result.fired:
             result.problems.append(
@@ -255,20 +260,26 @@ class SparkLayer:
         result.problems += case.delivery_problems()
         return result
 
-    def _for_child(self, case: _Case, point: CrashPoint) -> CrashPoint:
-        """``point`` as the hook reads it in the next run.
+    def _crash(self, case: _Case, point: CrashPoint) -> Crash:
+        """``point`` as the hook reads it in its run.
 
         A source that is not range-readable is read in Spark's planning process, which counts
         its reads from 0 in each run: that run's first read is of the micro-batch after those
-        in Spark's offset log.
+        in Spark's offset log when it starts, so its point is known only then.
         """
         from laminar_sdk.spark import CrashPoint, CrashStep  # noqa: PLC0415 - imports pyspark
 
         if point.step is not CrashStep.SOURCE_READ or case.range_readable:
-            return point
-        planned = case.pipeline.spark_batches("offsets")
-        first = planned[-1] + 1 if planned else 0
-        return CrashPoint(point.step, max(point.epoch - first, 0), point.event, point.after_ms)
+            return str(point)
+
+        def when_started() -> str:
+            planned = case.pipeline.spark_batches("offsets")
+            first = planned[-1] + 1 if planned else 0
+            return str(
+                CrashPoint(point.step, max(point.epoch - first, 0), point.event, point.after_ms)
+            )
+
+        return when_started
 
     # Plugins not installed -----------------------------------------------------------------
 
@@ -312,15 +323,14 @@ ARRIVAL_INTERVAL_S = 2.0
 
 
 @contextlib.contextmanager
-def _arriving(case: _Case) -> Iterator[list[int]]:
+def _arriving(case: _Case | None) -> Iterator[list[int]]:
     """Append new ids to a live source every :data:`ARRIVAL_INTERVAL_S` in this block.
 
-    Yields the list of how many each append added (empty for a source that is not live).
-    Only runs that are to be killed get them: the last run must find everything there when
-    it starts (``availableNow``).
+    Yields the list of how many each append added (empty for a source that is not live, or
+    no case).
     """
     arrived: list[int] = []
-    if case.arrive is None:
+    if case is None or case.arrive is None:
         yield arrived
         return
     stop = threading.Event()

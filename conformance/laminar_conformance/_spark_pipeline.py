@@ -4,6 +4,12 @@ A :class:`SparkPipeline` is plain data (JSON on disk for the child). :func:`run_
 starts ``python -m laminar_conformance._spark_child PIPELINE.json`` with an optional crash
 point in its environment, waits for it, cleans up every process it left, and says whether the
 crash fired (the hook's crash record). Nothing here imports ``pyspark``.
+
+A restart can be started *standing by* (:func:`start_child` with ``standby=True``) while the
+run before it is still going: its driver starts (the JVM, the Spark session: most of a short
+run's time) and then waits, reading nothing of the pipeline's state, until
+:meth:`RunningChild.release` starts its query. Recovery is then exactly what it would be in a
+fresh process started after the kill: the killed driver's state is on disk or lost.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,7 +36,13 @@ from laminar_sdk import spark_temporary_files_in
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
 
+STANDBY_FLAG = "--standby"
+"""The child's flag: build and warm up the Spark session, then wait for ``go [CRASH]`` on
+standard input. The child sets the crash point itself, once its warm-up is over."""
+RELEASE = "go"
+
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
+CRASH_AT_FILE_PREFIX = "@"
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
 # The SDK's names for these (laminar_sdk.spark) import pyspark; the kit reads its values
 # without it. A test checks that they agree.
@@ -167,6 +179,11 @@ class ChildRun:
             return f"(no output: {error})"
 
 
+Crash = str | Callable[[], str | None] | None
+"""A run's crash point as ``LAMINAR_SPARK_CRASH_AT`` takes it, ``None`` for none, or a callable
+that says it when the run's query starts (a point that depends on what the runs before it did)."""
+
+
 class RunningChild:
     """A pipeline running in a child process (see :func:`start_child`); :meth:`wait` for it."""
 
@@ -176,12 +193,14 @@ class RunningChild:
         directory: Path,
         name: str,
         *,
-        crash: str | None,
+        crash: Crash,
         python_path: tuple[str, ...],
+        standby: bool = False,
     ) -> None:
         spec = directory / f"{name}.json"
         self._log = directory / f"{name}.log"
         self._record = directory / f"{name}.crash"
+        self._crash = crash
         self._temporary = directory / f"{name}.tmp"
         self._timeout_s = pipeline.timeout_s + 120
         spec.write_text(pipeline.to_json(), encoding="utf-8")
@@ -191,15 +210,28 @@ class RunningChild:
         environment = spark_temporary_files_in(self._temporary)
         environment.pop(CRASH_AT_VARIABLE, None)
         environment[CRASH_RECORD_VARIABLE] = str(self._record)
-        if crash is not None:
-            environment[CRASH_AT_VARIABLE] = crash
+        if standby:
+            # The child writes the file once released: no crash point while it warms up.
+            crash_at = directory / f"{name}.crash-at"
+            crash_at.unlink(missing_ok=True)
+            environment[CRASH_AT_VARIABLE] = f"{CRASH_AT_FILE_PREFIX}{crash_at}"
+        elif (point := _crash_point(crash)) is not None:
+            environment[CRASH_AT_VARIABLE] = point
         if python_path:
             inherited = [environment["PYTHONPATH"]] if environment.get("PYTHONPATH") else []
             environment["PYTHONPATH"] = os.pathsep.join([*python_path, *inherited])
         self._started = time.monotonic()
+        self._standing_by = standby
         with self._log.open("wb") as output:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", CHILD_MODULE, str(spec)],
+                [
+                    sys.executable,
+                    "-m",
+                    CHILD_MODULE,
+                    *([STANDBY_FLAG] if standby else []),
+                    str(spec),
+                ],
+                stdin=subprocess.PIPE if standby else subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 env=environment,
@@ -207,6 +239,23 @@ class RunningChild:
                 start_new_session=True,  # its own process group: one kill reaches the JVM too
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks or imports
             )
+
+    def release(self) -> None:
+        """Start the query of a child started with ``standby=True`` (nothing otherwise).
+
+        Its timeout and :attr:`ChildRun.seconds` count from here. A child whose driver died
+        while standing by is reported by :meth:`wait` as it ended.
+        """
+        if not self._standing_by:
+            return
+        self._standing_by = False
+        order = " ".join([RELEASE, *filter(None, [_crash_point(self._crash)])]) + "\n"
+        self._started = time.monotonic()
+        stdin = self._process.stdin  # a pipe: the child was started standing by
+        with contextlib.suppress(BrokenPipeError):
+            stdin.write(order.encode())  # type: ignore[union-attr]
+        with contextlib.suppress(BrokenPipeError):
+            stdin.close()  # type: ignore[union-attr]
 
     def kill(self) -> None:
         """SIGKILL the child and every process it started (its Spark driver, Python workers).
@@ -217,7 +266,11 @@ class RunningChild:
         _kill_group(self._process.pid)
 
     def wait(self) -> ChildRun:
-        """Wait for the child (killing it when it overruns its timeout), then clean up."""
+        """Wait for the child (killing it when it overruns its timeout), then clean up.
+
+        A child standing by is released first.
+        """
+        self.release()
         timed_out = False
         try:
             returncode = self._process.wait(
@@ -243,8 +296,9 @@ def start_child(
     directory: Path,
     name: str,
     *,
-    crash: str | None = None,
+    crash: Crash = None,
     python_path: tuple[str, ...] = (),
+    standby: bool = False,
 ) -> RunningChild:
     """Start ``pipeline`` in a child process, to be killed by the crash hook at ``crash``.
 
@@ -257,10 +311,56 @@ def start_child(
     Spark session of this process breaks when children are started from other threads
     (Python data sources are not found in it any more).
 
-    :param crash: a crash point, as ``LAMINAR_SPARK_CRASH_AT`` takes it.
+    :param crash: a crash point, as ``LAMINAR_SPARK_CRASH_AT`` takes it, or a callable
+        that says it when the query starts.
     :param python_path: directories the child and Spark's workers import from first.
+    :param standby: start the child's Spark driver now, warm it up with a query of the
+        reference connectors in a directory of its own, and start the pipeline's query only
+        at :meth:`RunningChild.release` (or :meth:`~RunningChild.wait`), its crash point set
+        then: start the restart of a run that is to be killed while that run goes on, and
+        the restart takes seconds instead of a driver's start-up. The child reads nothing of
+        the pipeline's checkpoint before its release.
     """
-    return RunningChild(pipeline, directory, name, crash=crash, python_path=python_path)
+    return RunningChild(
+        pipeline, directory, name, crash=crash, python_path=python_path, standby=standby
+    )
+
+
+def one_after_another(
+    pipeline: SparkPipeline,
+    directory: Path,
+    runs: Sequence[tuple[str, Crash]],
+    *,
+    python_path: tuple[str, ...] = (),
+) -> Generator[RunningChild, None, None]:
+    """Run ``pipeline`` once per ``(name, crash)`` of ``runs``, each after the one before it.
+
+    Yields each run's child with its query started; wait for it (or kill it) before taking
+    the next. While a run goes on, the next run's driver starts standing by (see
+    :func:`start_child`), so that a restart after a kill does not wait for a driver to start;
+    a callable crash is called when its run's query starts. A child standing by when the
+    iteration stops is killed (close the iterator, ``contextlib.closing``, when stopping early).
+    """
+
+    def start(index: int, *, standby: bool) -> RunningChild:
+        name, crash = runs[index]
+        return start_child(
+            pipeline, directory, name, crash=crash, python_path=python_path, standby=standby
+        )
+
+    standing_by: RunningChild | None = None
+    try:
+        for index in range(len(runs)):
+            child = standing_by or start(index, standby=False)
+            standing_by = None
+            child.release()
+            if index + 1 < len(runs):
+                standing_by = start(index + 1, standby=True)
+            yield child
+    finally:
+        if standing_by is not None:
+            standing_by.kill()
+            standing_by.wait()
 
 
 def run_in_child(
@@ -312,6 +412,10 @@ def run_pipeline_file(
         finally:
             _kill_group(process.pid)
             shutil.rmtree(temporary)
+
+
+def _crash_point(crash: Crash) -> str | None:
+    return crash() if callable(crash) else crash
 
 
 def _kill_group(pid: int) -> None:

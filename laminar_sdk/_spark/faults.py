@@ -2,7 +2,9 @@
 
 Set :data:`CRASH_AT_VARIABLE` to ``STEP:EPOCH`` — or ``STEP:EPOCH:WHEN`` for the steps that
 kill *during* a call — in the environment of the process that starts the Spark session: Spark's
-driver JVM and its Python workers inherit it. When the pipeline reaches the point, the Python
+driver JVM and its Python workers inherit it. (``@FILE`` instead reads the point from ``FILE``
+whenever a connector is opened or committed: a driver can then start, and even run other
+queries, before its crash point is chosen.) When the pipeline reaches the point, the Python
 worker that reached it SIGKILLs the driver JVM (found among its ancestors), then itself: the
 whole pipeline stops as after ``kill -9``, with no rollback, close or Spark commit log entry
 (the other Python workers exit when their connection to the JVM breaks). Restarting the query
@@ -122,7 +124,14 @@ from laminar_sdk._types import (
 )
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
-"""``STEP:EPOCH[:WHEN]``: kill the pipeline at crash point ``STEP`` of micro-batch ``EPOCH``."""
+"""``STEP:EPOCH[:WHEN]``: kill the pipeline at crash point ``STEP`` of micro-batch ``EPOCH``.
+
+Or ``@FILE``: the crash point is the content of ``FILE``, read each time a connector is opened
+or committed (none while ``FILE`` is missing or empty) — for a driver started before its crash
+point is known, as the conformance kit's restarts standing by are."""
+
+CRASH_AT_FILE_PREFIX = "@"
+"""Before a path, in :data:`CRASH_AT_VARIABLE`: read the crash point from that file."""
 
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
 """A file's path: before it kills, the crash hook appends a line of JSON saying what it did."""
@@ -257,10 +266,17 @@ class CrashPoint:
 def crash_point(environ: Mapping[str, str] | None = None) -> CrashPoint | None:
     """The crash point :data:`CRASH_AT_VARIABLE` names, or ``None`` when it is not set.
 
-    :raises ConfigurationError: when the variable is malformed.
+    :raises ConfigurationError: when the variable (or the file it names) is malformed.
     """
     value = (os.environ if environ is None else environ).get(CRASH_AT_VARIABLE)
-    return CrashPoint.parse(value) if value else None
+    if not value or not value.startswith(CRASH_AT_FILE_PREFIX):
+        return CrashPoint.parse(value) if value else None
+    path = Path(value.removeprefix(CRASH_AT_FILE_PREFIX))
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return CrashPoint.parse(text, f"{CRASH_AT_VARIABLE} (the file {path})") if text else None
 
 
 def kill_writer_once(environ: Mapping[str, str] | None = None) -> None:

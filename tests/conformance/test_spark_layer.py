@@ -211,6 +211,7 @@ def target(tmp_path):
 def test_the_kits_names_for_the_crash_hook_are_the_sdks():
     spark = pytest.importorskip("laminar_sdk.spark", reason="pyspark not installed")
     assert _spark_pipeline.CRASH_AT_VARIABLE == spark.CRASH_AT_VARIABLE
+    assert _spark_pipeline.CRASH_AT_FILE_PREFIX == spark.CRASH_AT_FILE_PREFIX
     assert _spark_pipeline.CRASH_RECORD_VARIABLE == spark.CRASH_RECORD_VARIABLE
 
 

@@ -45,6 +45,7 @@ from laminar_sdk import (
 )
 from laminar_sdk._spark import faults
 from laminar_sdk._spark.faults import (
+    CRASH_AT_FILE_PREFIX,
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
     CrashPoint,
@@ -143,6 +144,19 @@ def test_a_malformed_crash_point_is_refused_naming_the_variable(value):
     with pytest.raises(ConfigurationError, match=CRASH_AT_VARIABLE) as error:
         CrashPoint.parse(value)
     assert "pre-commit-inside, commit-inside, source-read, checkpoint-write" in str(error.value)
+
+
+def test_a_crash_point_in_a_file_is_read_each_time_and_none_until_the_file_says_one(tmp_path):
+    path = tmp_path / "crash-at"
+    environ = {CRASH_AT_VARIABLE: f"{CRASH_AT_FILE_PREFIX}{path}"}
+    assert faults.crash_point(environ) is None, "no file yet: no crash point"
+    path.write_text("")
+    assert faults.crash_point(environ) is None, "an empty file: no crash point"
+    path.write_text("commit-inside:2:3\n")
+    assert faults.crash_point(environ) == CrashPoint(CrashStep.COMMIT_INSIDE, 2, event=3)
+    path.write_text("commit:x")
+    with pytest.raises(ConfigurationError, match=f"the file {path}"):
+        faults.crash_point(environ)
 
 
 def test_without_the_variable_nothing_is_wrapped_or_observed(registry):
@@ -353,6 +367,22 @@ def crash_then_restart(work: Path, crash: str) -> tuple[ChildRun, list[int]]:
     restarted = run_in_child(pipeline, work, "restarted")
     assert restarted.returncode == 0, restarted.tail()
     return killed, sorted(MemorySink.committed_ids(work / "sink"))
+
+
+@pytest.mark.spark
+def test_a_driver_standing_by_takes_its_crash_point_only_once_warmed_up(tmp_path):
+    # Released at once, while it still warms up with a pipeline of its own: the crash point
+    # (done:0, which that pipeline reaches too) must kill this pipeline, not the warm-up's.
+    pipeline = exactly_once_pipeline(tmp_path, ROWS)
+    child = start_child(pipeline, tmp_path, "standby", crash="done:0", standby=True)
+    child.release()
+    run = child.wait()
+
+    assert run.crashed, run.tail()
+    assert "standing by" in run.tail(characters=100_000)
+    assert pipeline.spark_batches("offsets") == [0], "this pipeline's micro-batch 0 was killed"
+    assert committed_epochs(tmp_path) == ["epoch-0"]
+    assert not list(tmp_path.glob("*.warm-up")), "the warm-up's files are left"
 
 
 # Nightly: CI kills inside a call on Spark in tests/spark/test_live_source_recovery.py (inside
