@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 0
             if order[1:]:
                 set_crash_point(order[1])
+            # Released with the pipeline to run, when it was not known at the start.
+            pipeline = SparkPipeline.from_json(spec.read_text(encoding="utf-8"))
         run(spark, pipeline)
     finally:
         spark.stop()

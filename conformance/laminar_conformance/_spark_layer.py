@@ -27,7 +27,7 @@ import tempfile
 import threading
 import types
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,8 +49,10 @@ from laminar_conformance._spark_pipeline import (
     ChildRun,
     Crash,
     IdsTransform,
+    RunningChild,
     SparkPipeline,
     one_after_another,
+    start_child,
 )
 from laminar_conformance._suite import Target
 from laminar_conformance._timeline import Timeline
@@ -121,6 +123,7 @@ class SparkLayer:
         figures: Figures,
         plugins: Sequence[object],
         progress: Callable[[str], None] = lambda line: None,
+        early: EarlyDrivers | None = None,
     ) -> None:
         self.target = target
         self.figures = figures
@@ -128,7 +131,8 @@ class SparkLayer:
         self.ids = list(range(self.epochs * IDS_PER_EPOCH))
         self.schedules_run: list[str] = []
         self._progress = progress
-        self._python_path = self._ship_plugins(plugins)
+        self._early = early
+        self._python_path = early.python_path if early else ship_plugins(target, plugins)
 
     # Schedules ---------------------------------------------------------------------------
 
@@ -173,11 +177,12 @@ class SparkLayer:
 
         :raises AssertionError: naming the schedule, the seed, and what went wrong.
         """
-        directory = Path(tempfile.mkdtemp(prefix="spark-", dir=self.target.directory))
+        early, self._early = self._early, None  # the first case's drivers
+        directory = early.directory if early else case_directory(self.target)
         case = _Case.build(self.target, directory, self.ids)
         self.schedules_run.append(",".join(map(str, schedule)))
         try:
-            result = self._run(case, schedule)
+            result = self._run(case, schedule, early.children if early else {})
         finally:
             case.close()
         self.figures.cases += 1
@@ -205,18 +210,21 @@ class SparkLayer:
             + ",".join(map(str, schedule))
         )
 
-    def _run(self, case: _Case, schedule: tuple[CrashPoint, ...]) -> CaseResult:
+    def _run(
+        self,
+        case: _Case,
+        schedule: tuple[CrashPoint, ...],
+        standing_by: MutableMapping[str, RunningChild],
+    ) -> CaseResult:
         result = CaseResult()
         plan: list[CrashPoint | None] = [*schedule, None]  # the last run goes to the end
-        runs: list[tuple[str, Crash]] = [
-            (f"run-{number}", self._crash(case, point))
-            for number, point in enumerate(schedule, start=1)
-        ]
+        crashes: list[Crash] = [self._crash(case, point) for point in schedule]
         children = one_after_another(
             case.pipeline,
             case.directory,
-            [*runs, ("run-last", None)],
+            list(zip(run_names(len(schedule)), [*crashes, None], strict=True)),
             python_path=self._python_path,
+            standing_by=standing_by,
         )
         with contextlib.closing(children):
             for index, point in enumerate(plan):
@@ -281,42 +289,6 @@ class SparkLayer:
 
         return when_started
 
-    # Plugins not installed -----------------------------------------------------------------
-
-    def _ship_plugins(self, plugins: Sequence[object]) -> tuple[str, ...]:
-        """Make the suite's extra plugin modules installed plugins for Spark's workers.
-
-        Spark's Python workers find connectors through installed entry points only: each
-        module gets one in a directory put on their ``PYTHONPATH``, with the module's own.
-
-        :raises pytest.skip.Exception: for an extra plugin that is not a module.
-        """
-        if not plugins:
-            return ()
-        site = Path(tempfile.mkdtemp(prefix="spark-plugins-", dir=self.target.directory))
-        roots: list[str] = [str(site)]
-        lines = []
-        for plugin in plugins:
-            if not isinstance(plugin, types.ModuleType) or plugin.__file__ is None:
-                skip(
-                    "spark",
-                    f"extra plugin {plugin!r} is not a module: Spark's workers load connectors "
-                    "from installed plugins or plugin modules only",
-                )
-            lines.append(f"{plugin.__name__} = {plugin.__name__}")
-            file = Path(plugin.__file__)
-            depth = plugin.__name__.count(".") + (file.name == "__init__.py")
-            roots.append(str(file.parents[depth]))
-        dist_info = site / f"{EXTRA_PLUGINS_DISTRIBUTION.replace('-', '_')}-0.dist-info"
-        dist_info.mkdir()
-        (dist_info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {EXTRA_PLUGINS_DISTRIBUTION}\nVersion: 0\n"
-        )
-        (dist_info / "entry_points.txt").write_text(
-            f"[{PLUGIN_ENTRY_POINT_GROUP}]\n" + "\n".join(lines) + "\n"
-        )
-        return tuple(dict.fromkeys(roots))
-
 
 ARRIVAL_INTERVAL_S = 2.0
 """How often a live source gets a micro-batch of new ids while a run to be killed runs."""
@@ -347,6 +319,115 @@ def _arriving(case: _Case | None) -> Iterator[list[int]]:
     finally:
         stop.set()
         feeder.join()
+
+
+def run_names(crashes: int) -> list[str]:
+    """The names of a case's runs, for a schedule of ``crashes`` crash points."""
+    return [f"run-{number}" for number in range(1, crashes + 1)] + ["run-last"]
+
+
+def case_directory(target: Target) -> Path:
+    """A new directory for a case of ``target``'s Spark check: its pipeline, files and logs."""
+    return Path(tempfile.mkdtemp(prefix="spark-", dir=target.directory))
+
+
+def ship_plugins(target: Target, plugins: Sequence[object]) -> tuple[str, ...]:
+    """Make the suite's extra plugin modules installed plugins for Spark's workers.
+
+    Spark's Python workers find connectors through installed entry points only: each module
+    gets one in a directory put on their ``PYTHONPATH``, with the module's own.
+
+    :returns: the directories to put first on the ``PYTHONPATH`` of the pipelines' children.
+    :raises pytest.skip.Exception: for an extra plugin that is not a module.
+    """
+    if not plugins:
+        return ()
+    site = Path(tempfile.mkdtemp(prefix="spark-plugins-", dir=target.directory))
+    roots: list[str] = [str(site)]
+    lines = []
+    for plugin in plugins:
+        if not isinstance(plugin, types.ModuleType) or plugin.__file__ is None:
+            skip(
+                "spark",
+                f"extra plugin {plugin!r} is not a module: Spark's workers load connectors "
+                "from installed plugins or plugin modules only",
+            )
+        lines.append(f"{plugin.__name__} = {plugin.__name__}")
+        file = Path(plugin.__file__)
+        depth = plugin.__name__.count(".") + (file.name == "__init__.py")
+        roots.append(str(file.parents[depth]))
+    dist_info = site / f"{EXTRA_PLUGINS_DISTRIBUTION.replace('-', '_')}-0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {EXTRA_PLUGINS_DISTRIBUTION}\nVersion: 0\n"
+    )
+    (dist_info / "entry_points.txt").write_text(
+        f"[{PLUGIN_ENTRY_POINT_GROUP}]\n" + "\n".join(lines) + "\n"
+    )
+    return tuple(dict.fromkeys(roots))
+
+
+EARLY_DRIVERS = 2
+"""How many drivers of the first case start ahead of the Spark check: its first run's and the
+one after."""
+
+
+@dataclass(slots=True)
+class EarlyDrivers:
+    """The drivers of the first Spark case's first runs, started standing by ahead of it.
+
+    :param directory: the first case's directory, where they run.
+    :param python_path: the shipped extra plugins (:func:`ship_plugins`).
+    :param children: by run name.
+    """
+
+    directory: Path
+    python_path: tuple[str, ...]
+    children: dict[str, RunningChild]
+
+    @classmethod
+    def start(
+        cls, target: Target, plugins: Sequence[object], config: pytest.Config
+    ) -> EarlyDrivers | None:
+        """Start them, or ``None`` when the Spark check will not run pipelines.
+
+        The Spark suites do this when the first check of their class starts, and run the Spark
+        check last: its drivers start and warm up while the in-process checks run.
+        """
+        if spark_skip_reason(config) is not None:
+            return None
+        try:
+            python_path = ship_plugins(target, plugins)
+        except pytest.skip.Exception:
+            return None  # the check skips, saying why
+        pinned = config.getoption(SPARK_CRASHES_OPTION, None)
+        if pinned:
+            from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
+
+            crashes = len(CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG))
+        else:
+            crashes = target.profile.spark_crashes
+        directory = case_directory(target)
+        # Started for this pipeline's master; each runs the case's pipeline when released.
+        placeholder = SparkPipeline(
+            source="generator",
+            source_options={},
+            sink="memory",
+            sink_options={},
+            checkpoint_location=str(directory / "checkpoint"),
+        )
+        children = {
+            name: start_child(placeholder, directory, name, python_path=python_path, standby=True)
+            for name in run_names(crashes)[:EARLY_DRIVERS]
+        }
+        return cls(directory, python_path, children)
+
+    def close(self) -> None:
+        """Kill the drivers the check did not take, and clean up after them."""
+        while self.children:
+            _, child = self.children.popitem()
+            child.kill()
+            child.wait()
 
 
 def _rotated(values: list[Any], turn: int) -> list[Any]:
@@ -499,7 +580,11 @@ def _shown(ids: list[int]) -> str:
 
 
 def run_spark_layer(
-    target: Target, figures: Figures, plugins: Sequence[object], request: pytest.FixtureRequest
+    target: Target,
+    figures: Figures,
+    plugins: Sequence[object],
+    request: pytest.FixtureRequest,
+    early: EarlyDrivers | None = None,
 ) -> None:
     """The Spark check: cases of the profile's crash schedules, drawn with the run's seed.
 
@@ -523,7 +608,7 @@ def run_spark_layer(
         with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
             terminal.write_line(f"    laminar conformance: {target.connector}: {line}")
 
-    layer = SparkLayer(target, figures, plugins, progress)
+    layer = SparkLayer(target, figures, plugins, progress, early)
     try:
         _run_cases(layer, config)
     finally:

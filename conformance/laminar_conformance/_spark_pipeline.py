@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -197,7 +197,7 @@ class RunningChild:
         python_path: tuple[str, ...],
         standby: bool = False,
     ) -> None:
-        spec = directory / f"{name}.json"
+        self._spec = spec = directory / f"{name}.json"
         self._log = directory / f"{name}.log"
         self._record = directory / f"{name}.crash"
         self._crash = crash
@@ -240,15 +240,25 @@ class RunningChild:
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - only prctl, no locks or imports
             )
 
-    def release(self) -> None:
+    def release(self, pipeline: SparkPipeline | None = None, crash: Crash = None) -> None:
         """Start the query of a child started with ``standby=True`` (nothing otherwise).
 
         Its timeout and :attr:`ChildRun.seconds` count from here. A child whose driver died
         while standing by is reported by :meth:`wait` as it ended.
+
+        :param pipeline: the pipeline to run instead of the one the child was started with
+            (same master: its driver is running) — for a driver started before its pipeline
+            was known.
+        :param crash: the crash point, for a child started without one.
         """
         if not self._standing_by:
             return
         self._standing_by = False
+        if crash is not None:
+            self._crash = crash
+        if pipeline is not None:
+            self._spec.write_text(pipeline.to_json(), encoding="utf-8")
+            self._timeout_s = pipeline.timeout_s + 120
         order = " ".join([RELEASE, *filter(None, [_crash_point(self._crash)])]) + "\n"
         self._started = time.monotonic()
         stdin = self._process.stdin  # a pipe: the child was started standing by
@@ -332,35 +342,45 @@ def one_after_another(
     runs: Sequence[tuple[str, Crash]],
     *,
     python_path: tuple[str, ...] = (),
+    standing_by: MutableMapping[str, RunningChild] | None = None,
 ) -> Generator[RunningChild, None, None]:
     """Run ``pipeline`` once per ``(name, crash)`` of ``runs``, each after the one before it.
 
     Yields each run's child with its query started; wait for it (or kill it) before taking
     the next. While a run goes on, the next run's driver starts standing by (see
     :func:`start_child`), so that a restart after a kill does not wait for a driver to start;
-    a callable crash is called when its run's query starts. A child standing by when the
-    iteration stops is killed (close the iterator, ``contextlib.closing``, when stopping early).
+    a callable crash is called when its run's query starts. A child this starts standing by
+    is killed when the iteration stops (close the iterator, ``contextlib.closing``, when
+    stopping early).
+
+    :param standing_by: children started earlier, standing by, for some of the runs (by run
+        name, without a crash point), released with ``pipeline`` and the run's crash instead of
+        starting those runs. Each is taken out of the mapping when its run starts; whoever
+        started them kills the ones left there.
     """
+    ready = {} if standing_by is None else standing_by
 
     def start(index: int, *, standby: bool) -> RunningChild:
         name, crash = runs[index]
+        if name in ready:
+            return ready.pop(name)
         return start_child(
             pipeline, directory, name, crash=crash, python_path=python_path, standby=standby
         )
 
-    standing_by: RunningChild | None = None
+    following: RunningChild | None = None
     try:
         for index in range(len(runs)):
-            child = standing_by or start(index, standby=False)
-            standing_by = None
-            child.release()
+            child = following or start(index, standby=False)
+            following = None
+            child.release(pipeline, runs[index][1])
             if index + 1 < len(runs):
-                standing_by = start(index + 1, standby=True)
+                following = start(index + 1, standby=True)
             yield child
     finally:
-        if standing_by is not None:
-            standing_by.kill()
-            standing_by.wait()
+        if following is not None:
+            following.kill()
+            following.wait()
 
 
 def run_in_child(

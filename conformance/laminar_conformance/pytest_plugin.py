@@ -91,6 +91,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_RESULTS] = results
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each Spark-layer check after the other checks of its class.
+
+    Its first drivers start with the class's first check (``spark_drivers``), and start up
+    while the in-process checks run.
+    """
+    from laminar_conformance.spark import SPARK_CHECK  # noqa: PLC0415 - the suites import this
+
+    for item in [item for item in items if getattr(item, "originalname", None) == SPARK_CHECK]:
+        siblings = [index for index, other in enumerate(items) if other.parent is item.parent]
+        if siblings[-1] != items.index(item):
+            items.remove(item)
+            items.insert(siblings[-1], item)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """The profile and the seed every conformance check runs with."""
     seed = session_seed(config)

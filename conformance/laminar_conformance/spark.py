@@ -23,12 +23,13 @@ this module does not import ``pyspark``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 
 from laminar_conformance._figures import Figures
-from laminar_conformance._spark_layer import run_spark_layer
+from laminar_conformance._spark_layer import EarlyDrivers, run_spark_layer
 from laminar_conformance._spark_pipeline import (
     ChildRun,
     IdsTransform,
@@ -58,30 +59,65 @@ __all__ = [
 ]
 
 
-class SparkSinkSuite(ConnectorSuite):
+SPARK_CHECK = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
+"""The Spark layer's check; the kit's pytest plugin runs it after the other checks of its class."""
+
+
+class _SparkSuite(ConnectorSuite):
+    """What the sink and source suites on Spark share: drivers started ahead of their check."""
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def spark_drivers(
+        cls, conformance: Target, request: pytest.FixtureRequest
+    ) -> Iterator[EarlyDrivers | None]:
+        """The Spark check's first drivers, started with the class's first check.
+
+        They start up and warm up while the in-process checks run, the Spark check last;
+        ``None`` when the check is not selected or will not run pipelines.
+        """
+        selected = any(
+            item.parent is request.node and getattr(item, "originalname", None) == SPARK_CHECK
+            for item in request.session.items
+        )
+        early = EarlyDrivers.start(conformance, cls.plugins, request.config) if selected else None
+        yield early
+        if early is not None:
+            early.close()
+
+
+class SparkSinkSuite(_SparkSuite):
     """The sink on Spark: ``generator`` → sink, killed at crash points and restarted."""
 
     role: ClassVar[ConnectorRole] = ConnectorRole.SINK
 
     @check
     def test_spark_pipeline_killed_at_crash_points_restarts_without_loss(
-        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+        self,
+        conformance: Target,
+        figures: Figures,
+        request: pytest.FixtureRequest,
+        spark_drivers: EarlyDrivers | None,
     ) -> None:
         """Every id once (exactly-once sinks) or at least once, across kills and restarts."""
-        run_spark_layer(conformance, figures, type(self).plugins, request)
+        run_spark_layer(conformance, figures, type(self).plugins, request, spark_drivers)
 
 
-class SparkSourceSuite(ConnectorSuite):
+class SparkSourceSuite(_SparkSuite):
     """The source on Spark: source → ``memory`` sink, killed at crash points and restarted."""
 
     role: ClassVar[ConnectorRole] = ConnectorRole.SOURCE
 
     @check
     def test_spark_pipeline_killed_at_crash_points_restarts_without_loss(
-        self, conformance: Target, figures: Figures, request: pytest.FixtureRequest
+        self,
+        conformance: Target,
+        figures: Figures,
+        request: pytest.FixtureRequest,
+        spark_drivers: EarlyDrivers | None,
     ) -> None:
         """Every id once (replayable sources) or at least once, across kills and restarts."""
-        run_spark_layer(conformance, figures, type(self).plugins, request)
+        run_spark_layer(conformance, figures, type(self).plugins, request, spark_drivers)
 
 
 def run_pipeline(spark: SparkSession, pipeline: SparkPipeline) -> None:
