@@ -10,6 +10,7 @@ command ``laminar conformance run`` reports the layer's figures.
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import subprocess
 import sys
@@ -206,6 +207,49 @@ def target(tmp_path):
         )
 
     return make
+
+
+class _Session:
+    """What the child does with its Spark session, recorded: only ``stop``."""
+
+    def __init__(self, events: list[object]) -> None:
+        self._events = events
+
+    def stop(self) -> None:
+        self._events.append("stop")
+
+
+@pytest.mark.parametrize(("order", "ran"), [("go done:0\n", True), ("", False)])
+def test_a_driver_standing_by_sets_its_crash_point_only_once_its_warm_up_is_over(
+    tmp_path, monkeypatch, order, ran
+):
+    # The order is waiting on standard input before the warm-up starts: the warm-up must run
+    # without a crash point all the same (else its own pipeline would be killed), the query
+    # with it; at the end of input, the child stops without running anything.
+    child = pytest.importorskip("laminar_conformance._spark_child", reason="pyspark not installed")
+    crash_at = tmp_path / "run.crash-at"
+    spec = tmp_path / "run.json"
+    pipeline = _spark_pipeline.SparkPipeline("generator", {}, "memory", {}, str(tmp_path / "c"))
+    spec.write_text(pipeline.to_json())
+    events: list[object] = []
+    monkeypatch.setenv(_spark_pipeline.CRASH_AT_VARIABLE, f"@{crash_at}")
+    monkeypatch.setattr(child, "session", lambda pipeline: _Session(events))
+    monkeypatch.setattr(
+        child,
+        "warm_up",
+        lambda spark, directory, like: events.append(("warm-up", crash_at.exists())),
+    )
+    monkeypatch.setattr(
+        child, "run", lambda spark, run: events.append(("run", crash_at.read_text()))
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO(order))
+
+    assert child.main([_spark_pipeline.STANDBY_FLAG, str(spec)]) == 0
+
+    expected = (
+        [("warm-up", False), ("run", "done:0"), "stop"] if ran else [("warm-up", False), "stop"]
+    )
+    assert events == expected
 
 
 def test_the_kits_names_for_the_crash_hook_are_the_sdks():

@@ -370,6 +370,7 @@ def crash_then_restart(work: Path, crash: str) -> tuple[ChildRun, list[int]]:
 
 
 @pytest.mark.spark
+@pytest.mark.full  # CI: the child's order, without Spark (conformance/test_spark_layer.py)
 def test_a_driver_standing_by_takes_its_crash_point_only_once_warmed_up(tmp_path):
     # Released at once, while it still warms up with a pipeline of its own: the crash point
     # (done:0, which that pipeline reaches too) must kill this pipeline, not the warm-up's.
