@@ -394,7 +394,8 @@ class EarlyDrivers:
         The Spark suites do this when the first check of their class starts, and run the Spark
         check last: its drivers start and warm up while the in-process checks run.
         """
-        if spark_skip_reason(config) is not None:
+        if spark_skip_reason(config) is not None or hasattr(config, "workerinput"):
+            # Under pytest-xdist another worker may run the check: its drivers would idle here.
             return None
         try:
             python_path = ship_plugins(target, plugins)

@@ -6,10 +6,11 @@ point in its environment, waits for it, cleans up every process it left, and say
 crash fired (the hook's crash record). Nothing here imports ``pyspark``.
 
 A restart can be started *standing by* (:func:`start_child` with ``standby=True``) while the
-run before it is still going: its driver starts (the JVM, the Spark session: most of a short
-run's time) and then waits, reading nothing of the pipeline's state, until
-:meth:`RunningChild.release` starts its query. Recovery is then exactly what it would be in a
-fresh process started after the kill: the killed driver's state is on disk or lost.
+run before it is still going: its driver starts (the JVM, the Spark session), warms up with a
+pipeline of the reference connectors in a directory of its own (most of a short run's time is
+a new driver's first micro-batch), and waits, reading nothing of the pipeline's state, until
+:meth:`RunningChild.release` starts its query with its crash point. Recovery is then what it
+would be in a driver started after the kill: the killed driver's state is on disk or lost.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ STANDBY_FLAG = "--standby"
 """The child's flag: build and warm up the Spark session, then wait for ``go [CRASH]`` on
 standard input. The child sets the crash point itself, once its warm-up is over."""
 RELEASE = "go"
+"""The first word of the line that releases a standby child; its crash point may follow."""
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 CRASH_AT_FILE_PREFIX = "@"

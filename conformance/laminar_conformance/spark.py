@@ -74,7 +74,8 @@ class _SparkSuite(ConnectorSuite):
         """The Spark check's first drivers, started with the class's first check.
 
         They start up and warm up while the in-process checks run, the Spark check last;
-        ``None`` when the check is not selected or will not run pipelines.
+        ``None`` when the check is not selected, will not run pipelines, or runs in a
+        pytest-xdist worker (which may not be the one that gets the check).
         """
         selected = any(
             item.parent is request.node and getattr(item, "originalname", None) == SPARK_CHECK
