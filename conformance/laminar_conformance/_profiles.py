@@ -115,6 +115,10 @@ and warms up while the first run goes on, so ``quick``'s Spark layer takes about
 other, in one pipeline: eleven drivers."""
 
 
+SPARK_CHECK = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
+"""The Spark layer's check; the kit's pytest plugin runs it after the other checks of its class."""
+
+
 def selected_profile(config: pytest.Config, default: str = "quick") -> Profile:
     """The profile ``--laminar-profile``, else ``$LAMINAR_CONFORMANCE_PROFILE``, else ``default``.
 

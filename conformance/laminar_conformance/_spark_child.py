@@ -120,6 +120,10 @@ def _transformed(frame: DataFrame, transform: IdsTransform) -> DataFrame:
     raise ValueError(f"unknown transform {transform.kind!r}")
 
 
+WARM_UP_IDS_PER_BATCH = 2
+"""Two partitions of as many ids: two micro-batches."""
+
+
 def warm_up(spark: SparkSession, directory: Path, like: SparkPipeline) -> None:
     """Run a pipeline of the reference connectors in ``spark``, ``directory`` its only files.
 
@@ -143,10 +147,6 @@ def warm_up(spark: SparkSession, directory: Path, like: SparkPipeline) -> None:
         run(spark, pipeline)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-WARM_UP_IDS_PER_BATCH = 2
-"""Two partitions of as many ids: two micro-batches."""
 
 
 def set_crash_point(point: str) -> None:

@@ -236,7 +236,7 @@ class SparkLayer:
                 )
                 committed = case.pipeline.spark_batches("commits")
                 # The last run must find everything there when it starts (availableNow).
-                with _arriving(case if point is not None else None) as arrived:
+                with _arriving(case.arrive if point is not None else None) as arrived:
                     run = next(children).wait()
                 if arrived:
                     self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
@@ -295,18 +295,16 @@ ARRIVAL_INTERVAL_S = 2.0
 
 
 @contextlib.contextmanager
-def _arriving(case: _Case | None) -> Iterator[list[int]]:
-    """Append new ids to a live source every :data:`ARRIVAL_INTERVAL_S` in this block.
+def _arriving(arrive: Callable[[], int] | None) -> Iterator[list[int]]:
+    """Call ``arrive`` (a live source's append) every :data:`ARRIVAL_INTERVAL_S` in this block.
 
-    Yields the list of how many each append added (empty for a source that is not live, or
-    no case).
+    Yields the list of how many each call appended (empty when ``arrive`` is ``None``).
     """
     arrived: list[int] = []
-    if case is None or case.arrive is None:
+    if arrive is None:
         yield arrived
         return
     stop = threading.Event()
-    arrive = case.arrive
 
     def feed() -> None:
         while not stop.wait(ARRIVAL_INTERVAL_S):
@@ -403,13 +401,8 @@ class EarlyDrivers:
             python_path = ship_plugins(target, plugins)
         except pytest.skip.Exception:
             return None  # the check skips, saying why
-        pinned = config.getoption(SPARK_CRASHES_OPTION, None)
-        if pinned:
-            from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
-
-            crashes = len(CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG))
-        else:
-            crashes = target.profile.spark_crashes
+        pinned = pinned_schedule(config)
+        crashes = target.profile.spark_crashes if pinned is None else len(pinned)
         directory = case_directory(target)
         # Started for this pipeline's master; each runs the case's pipeline when released.
         placeholder = SparkPipeline(
@@ -626,13 +619,21 @@ def run_spark_layer(
         request.node.user_properties.append((SPARK_SCHEDULES_PROPERTY, schedules))
 
 
+def pinned_schedule(config: pytest.Config) -> tuple[CrashPoint, ...] | None:
+    """The crash schedule ``--laminar-spark-crashes`` pins (one case), or ``None``."""
+    pinned = config.getoption(SPARK_CRASHES_OPTION, None)
+    if not pinned:
+        return None
+    from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
+
+    return CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG)
+
+
 def _run_cases(layer: SparkLayer, config: pytest.Config) -> None:
     target = layer.target
-    pinned = config.getoption(SPARK_CRASHES_OPTION, None)
-    if pinned:
-        from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
-
-        layer.run_case(CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG))
+    pinned = pinned_schedule(config)
+    if pinned is not None:
+        layer.run_case(pinned)
         return
     from hypothesis import Phase, given, settings  # noqa: PLC0415 - after pytest's rewriting
 

@@ -261,7 +261,8 @@ class RunningChild:
         if pipeline is not None:
             self._spec.write_text(pipeline.to_json(), encoding="utf-8")
             self._timeout_s = pipeline.timeout_s + 120
-        order = " ".join([RELEASE, *filter(None, [_crash_point(self._crash)])]) + "\n"
+        point = _crash_point(self._crash)
+        order = f"{RELEASE} {point}\n" if point else f"{RELEASE}\n"
         self._started = time.monotonic()
         stdin = self._process.stdin  # a pipe: the child was started standing by
         with contextlib.suppress(BrokenPipeError):

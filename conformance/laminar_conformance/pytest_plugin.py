@@ -13,6 +13,7 @@ from laminar_conformance._profiles import (
     PROFILE_OPTION,
     PROFILE_VARIABLE,
     PROFILES,
+    SPARK_CHECK,
     SPARK_CRASHES_FLAG,
     SPARK_CRASHES_OPTION,
     STRICT_OPTION,
@@ -97,8 +98,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     Its first drivers start with the class's first check (``spark_drivers``), and start up
     while the in-process checks run.
     """
-    from laminar_conformance.spark import SPARK_CHECK  # noqa: PLC0415 - the suites import this
-
     for item in [item for item in items if getattr(item, "originalname", None) == SPARK_CHECK]:
         siblings = [index for index, other in enumerate(items) if other.parent is item.parent]
         if siblings[-1] != items.index(item):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, ClassVar
 import pytest
 
 from laminar_conformance._figures import Figures
+from laminar_conformance._profiles import SPARK_CHECK
 from laminar_conformance._spark_layer import EarlyDrivers, run_spark_layer
 from laminar_conformance._spark_pipeline import (
     ChildRun,
@@ -57,10 +58,6 @@ __all__ = [
     "run_pipeline_file",
     "start_child",
 ]
-
-
-SPARK_CHECK = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
-"""The Spark layer's check; the kit's pytest plugin runs it after the other checks of its class."""
 
 
 class _SparkSuite(ConnectorSuite):

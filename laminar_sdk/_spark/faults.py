@@ -269,8 +269,10 @@ def crash_point(environ: Mapping[str, str] | None = None) -> CrashPoint | None:
     :raises ConfigurationError: when the variable (or the file it names) is malformed.
     """
     value = (os.environ if environ is None else environ).get(CRASH_AT_VARIABLE)
-    if not value or not value.startswith(CRASH_AT_FILE_PREFIX):
-        return CrashPoint.parse(value) if value else None
+    if not value:
+        return None
+    if not value.startswith(CRASH_AT_FILE_PREFIX):
+        return CrashPoint.parse(value)
     path = Path(value.removeprefix(CRASH_AT_FILE_PREFIX))
     try:
         text = path.read_text(encoding="utf-8").strip()
