@@ -98,6 +98,7 @@ def load_connector_registry(
     *,
     entry_points: Iterable[metadata.EntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
+    plugin: str | None = None,
 ) -> ConnectorRegistry:
     """Load every installed plugin and return the connectors they register.
 
@@ -108,10 +109,14 @@ def load_connector_registry(
 
     :param entry_points: the entry points to load instead of the installed ones (for tests).
     :param environ: the environment to read the allow- and denylist from (default: os.environ).
+    :param plugin: load only the plugin of this entry-point name (a connector's
+        :attr:`ConnectorSpec.plugin`), not every installed one: what a process that needs one
+        known connector does, since importing every plugin costs each new process a good part
+        of a second when several are installed.
     :raises PluginError: naming the plugin and its distribution when one fails to import, has
         a bad hook, fails while registering, or registers a name another plugin registered.
     """
-    registry, _ = load_plugins(entry_points=entry_points, environ=environ)
+    registry, _ = load_plugins(entry_points=entry_points, environ=environ, plugin=plugin)
     return registry
 
 
@@ -119,6 +124,7 @@ def load_plugins(
     *,
     entry_points: Iterable[metadata.EntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
+    plugin: str | None = None,
 ) -> tuple[ConnectorRegistry, pluggy.PluginManager]:
     """Load plugins like :func:`load_connector_registry`; also return the plugin manager.
 
@@ -126,6 +132,8 @@ def load_plugins(
     """
     if entry_points is None:
         entry_points = metadata.entry_points(group=PLUGIN_ENTRY_POINT_GROUP)
+    if plugin is not None:
+        entry_points = [ep for ep in entry_points if ep.name == plugin]
     manager = pluggy.PluginManager(_hookspecs.PROJECT_NAME)
     manager.add_hookspecs(_hookspecs)
     origins: dict[str, tuple[str, str]] = {}
@@ -138,15 +146,15 @@ def load_plugins(
                 f"and {distribution}; uninstall one of them",
                 distribution=distribution,
             )
-        plugin = _load(entry_point, distribution)
-        _register(manager, plugin, entry_point, distribution)
+        module = _load(entry_point, distribution)
+        _register(manager, module, entry_point, distribution)
         origins[entry_point.name] = (distribution, version)
 
     registry = ConnectorRegistry()
     for name, (distribution, version) in origins.items():
         others = [p for n, p in manager.list_name_plugin() if n != name]
         hook = manager.subset_hook_caller("laminar_register_connectors", remove_plugins=others)
-        with registry.registering_for(distribution, version):
+        with registry.registering_for(distribution, version, name):
             try:
                 hook(registry=registry)
             except PluginError:

@@ -25,7 +25,12 @@ class ConnectorRole(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ConnectorSpec:
-    """A registered connector: its name, role, factory, declared config keys and origin."""
+    """A registered connector: its name, role, factory, declared config keys and origin.
+
+    Its origin is the distribution (and version) that registered it and ``plugin``, the name
+    of that distribution's ``laminar_sdk.plugins`` entry point (empty for a connector added to
+    a registry directly): ``load_connector_registry(plugin=spec.plugin)`` loads only it.
+    """
 
     name: str
     role: ConnectorRole
@@ -35,6 +40,7 @@ class ConnectorSpec:
     config_prefixes: tuple[str, ...]
     distribution: str
     version: str
+    plugin: str = ""
 
     def create(self) -> SourceConnector | SinkConnector:
         """Call the factory and check that it returned a connector of the right role.
@@ -102,16 +108,17 @@ class ConnectorRegistry:
         self._specs: dict[tuple[ConnectorRole, str], ConnectorSpec] = {}
         self._distribution = "<direct registration>"
         self._version = ""
+        self._plugin = ""
 
     @contextlib.contextmanager
-    def registering_for(self, distribution: str, version: str) -> Iterator[None]:
-        """Attribute every connector added inside the block to ``distribution``."""
-        previous = (self._distribution, self._version)
-        self._distribution, self._version = distribution, version
+    def registering_for(self, distribution: str, version: str, plugin: str = "") -> Iterator[None]:
+        """Attribute every connector added inside the block to ``distribution``'s ``plugin``."""
+        previous = (self._distribution, self._version, self._plugin)
+        self._distribution, self._version, self._plugin = distribution, version, plugin
         try:
             yield
         finally:
-            self._distribution, self._version = previous
+            self._distribution, self._version, self._plugin = previous
 
     def add_source(
         self,
@@ -205,6 +212,7 @@ class ConnectorRegistry:
             config_prefixes=tuple(config_prefixes),
             distribution=self._distribution,
             version=self._version,
+            plugin=self._plugin,
         )
 
     def __iter__(self) -> Iterator[ConnectorSpec]:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._spark.faults import watched_sink, watched_source
-from laminar_sdk._spark.options import BridgeOptions, checkpointer_of, connector_registry
+from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 from laminar_sdk._state import StateStore, connector_space
 
 logger = logging.getLogger("laminar_sdk.spark")
@@ -38,7 +38,7 @@ async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector
     :raises ConfigurationError: for bad configuration.
     :raises PluginError: when the plugin's factory or ``open`` fails, naming it.
     """
-    opened, _ = await connector_registry().open_source(
+    opened, _ = await options.registry().open_source(
         options.connector, options.properties, state_store=connector_state_store(options)
     )
     source = watched_source(opened)
@@ -55,7 +55,7 @@ async def opened_sink(options: BridgeOptions) -> AsyncIterator[SinkConnector]:
     It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
     ``pre_commit`` or ``stage`` (:func:`~laminar_sdk._spark.faults.watched_sink`).
     """
-    opened, _ = await connector_registry().open_sink(
+    opened, _ = await options.registry().open_sink(
         options.connector, options.properties, state_store=connector_state_store(options)
     )
     sink = watched_sink(opened)

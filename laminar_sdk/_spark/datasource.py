@@ -17,7 +17,6 @@ from laminar_sdk._spark.options import (
     CHECKPOINT_LOCATION,
     BridgeOptions,
     checkpointer_of,
-    connector_registry,
     parse_options,
 )
 from laminar_sdk._spark.reader import LaminarPolledReader, LaminarRangeReader
@@ -51,6 +50,11 @@ class LaminarDataSource(DataSource):
     tasks on the driver's machine handing their batches over in files
     (:mod:`._spark.handoff`).
     """
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self._plugins: dict[ConnectorRole, str] = {}
+        """The plugin found to provide each side's connector (see :meth:`_options`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -97,7 +101,15 @@ class LaminarDataSource(DataSource):
         return LaminarStreamWriter(options, expected, distributed=distributed, handoff=handoff)
 
     def _options(self, role: ConnectorRole) -> BridgeOptions:
-        return parse_options(self.options, role)
+        """The options of the ``role`` side, parsed.
+
+        The plugin found to provide the connector is remembered: Spark pickles this instance
+        after asking for the schema and ships it to the source's planning process, which then
+        imports that plugin alone (see :func:`~laminar_sdk._spark.options.registry_providing`).
+        """
+        options = parse_options(self.options, role, plugin=self._plugins.get(role, ""))
+        self._plugins[role] = options.plugin
+        return options
 
     def _source(self) -> tuple[BridgeOptions, SourceConnector]:
         """The read side's options and an unopened source, every setting checked.
@@ -106,7 +118,7 @@ class LaminarDataSource(DataSource):
             without a checkpoint location for its read log.
         """
         options = self._options(ConnectorRole.SOURCE)
-        source = connector_registry().create_source(options.connector)
+        source = options.registry().create_source(options.connector)
         validate_delivery_guarantee(
             options.delivery,
             sources={options.connector: source},

@@ -133,6 +133,9 @@ class BridgeOptions:
         and a source's read log are kept; ``None`` for a source given none.
     :param checkpoint_store: the checkpoint store name, or ``None`` to infer it.
     :param checkpoint_options: settings passed to the checkpoint store.
+    :param plugin: the entry-point name of the plugin providing the connector, found when the
+        options were parsed, so that the processes the options are shipped to import that
+        plugin only (see :func:`registry_providing`); empty when unknown.
     """
 
     connector: str
@@ -144,16 +147,42 @@ class BridgeOptions:
     checkpoint_location: str | None = None
     checkpoint_store: str | None = None
     checkpoint_options: Mapping[str, str] = field(default_factory=dict, repr=False)
+    plugin: str = ""
 
     def spec(self) -> ConnectorSpec:
         """The registered connector these options name."""
-        return connector_registry().get(self.connector, self.role)
+        return self.registry().get(self.connector, self.role)
+
+    def registry(self) -> ConnectorRegistry:
+        """A registry holding the connector: its plugin's alone when the plugin is known."""
+        return registry_providing(self.connector, self.role, self.plugin)
+
+
+def registry_providing(connector: str, role: ConnectorRole, plugin: str) -> ConnectorRegistry:
+    """The connectors of ``plugin`` when it provides ``connector``, else every installed one.
+
+    Spark starts new Python processes for every query (the source's planner, the sink's
+    commits, the tasks' workers); importing every installed plugin in each cost a quarter of
+    a second per process with the first-party plugins installed, so a process that knows
+    which plugin provides its connector (the options found when they were first parsed)
+    imports that plugin alone. Every installed plugin is loaded when the plugin is unknown
+    or no longer provides the connector, so that a missing connector is reported with the
+    installed ones.
+    """
+    if plugin:
+        scoped = connector_registry(plugin)
+        if any(spec.name == connector and spec.role is role for spec in scoped):
+            return scoped
+    return connector_registry()
 
 
 @functools.cache
-def connector_registry() -> ConnectorRegistry:
-    """The installed connectors, loaded once per process on first use (never at import)."""
-    return load_connector_registry()
+def connector_registry(plugin: str | None = None) -> ConnectorRegistry:
+    """The installed connectors (``plugin``'s alone when given), loaded once per process.
+
+    Loaded on first use, never at import.
+    """
+    return load_connector_registry(plugin=plugin)
 
 
 def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Checkpointer:
@@ -183,13 +212,18 @@ def _open_checkpointer(
 
 
 def parse_options(
-    options: Mapping[str, str], role: ConnectorRole, registry: ConnectorRegistry | None = None
+    options: Mapping[str, str],
+    role: ConnectorRole,
+    registry: ConnectorRegistry | None = None,
+    plugin: str = "",
 ) -> BridgeOptions:
     """Split Spark's ``options`` for a ``role`` connector and validate every part.
 
     Nothing is opened: the connector's keys are checked against its declaration only.
 
     :param registry: where the connector is looked up (default: the installed plugins).
+    :param plugin: the plugin known to provide the connector, when it is: only that plugin
+        is loaded to look the connector up (see :func:`registry_providing`).
     :raises ConfigurationError: naming the option at fault — a missing or unknown connector,
         an unknown or malformed ``laminar.*`` option, an undeclared connector key.
     """
@@ -201,7 +235,7 @@ def parse_options(
             f'.option("connector", NAME); `laminar plugins list` shows the installed ones',
             key=CONNECTOR_OPTION,
         )
-    spec = (registry or connector_registry()).get(name, role)
+    spec = (registry or registry_providing(name, role, plugin)).get(name, role)
     sdk = _sdk_options(lowered, role)
     properties = _connector_properties(lowered, spec)
     spec.configure(properties)
@@ -219,6 +253,7 @@ def parse_options(
             for key, value in sdk.items()
             if key.startswith(CHECKPOINT_STORE_OPTION_PREFIX)
         },
+        plugin=spec.plugin,
     )
 
 

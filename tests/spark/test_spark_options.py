@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import pyspark_laminar
@@ -150,3 +157,57 @@ def test_bad_options_name_the_key(
         parse_options(options, role)
 
     assert caught.value.key == key
+
+
+WITNESS_PLUGIN = """
+from laminar_sdk import hookimpl
+
+@hookimpl
+def laminar_register_connectors(registry):
+    registry.add_source("witness", lambda: None)
+"""
+
+READ_IN_A_NEW_PROCESS = """
+import json, pickle, sys
+data_source, schema = pickle.loads(sys.stdin.buffer.read())
+reader = data_source.streamReader(schema)
+scoped = "laminar_witness" in sys.modules
+from laminar_sdk import load_connector_registry
+load_connector_registry()
+print(json.dumps({"scoped": scoped, "everything": "laminar_witness" in sys.modules}))
+"""
+
+
+def test_the_source_planning_process_imports_the_connectors_plugin_alone(
+    install_distribution, tmp_path: Path
+) -> None:
+    # Spark pickles the data source after asking for its schema and unpickles it in a new
+    # planning process for every query; importing every installed plugin there cost a
+    # quarter of a second per query. The witness stands for any other installed plugin.
+    site = install_distribution(
+        "laminar-plugin-witness",
+        modules={"laminar_witness": WITNESS_PLUGIN},
+        plugins={"witness": "laminar_witness"},
+    )
+    data_source = LaminarDataSource({"connector": "generator", "rows": "3"})
+    schema = data_source.schema()
+    assert parse_options({"connector": "generator"}, SOURCE).plugin == "reference"
+    sink = parse_options(
+        {"connector": "memory", "path": str(tmp_path), "checkpointlocation": "/c"}, SINK
+    )
+    assert sink.plugin == "reference"
+
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    child = subprocess.run(
+        [sys.executable, "-c", READ_IN_A_NEW_PROCESS],
+        input=pickle.dumps((data_source, schema)),
+        capture_output=True,
+        env=environment,
+        check=True,
+    )
+
+    imported = json.loads(child.stdout)
+    assert imported == {"scoped": False, "everything": True}, (
+        "the planning process imported other plugins than the connector's "
+        f"(or the witness is not installed): {imported}"
+    )
