@@ -100,7 +100,7 @@ def load_connector_registry(
     environ: Mapping[str, str] | None = None,
     plugin: str | None = None,
 ) -> ConnectorRegistry:
-    """Load every installed plugin and return the connectors they register.
+    """Load the installed plugins (or ``plugin`` alone) and return the connectors they register.
 
     Plugins are the entry points of group ``laminar_sdk.plugins``, filtered by the
     ``LAMINAR_PLUGINS`` allowlist and the ``LAMINAR_DISABLE_PLUGINS`` denylist. Each plugin is

@@ -134,8 +134,8 @@ class BridgeOptions:
     :param checkpoint_store: the checkpoint store name, or ``None`` to infer it.
     :param checkpoint_options: settings passed to the checkpoint store.
     :param plugin: the entry-point name of the plugin providing the connector, found when the
-        options were parsed, so that the processes the options are shipped to import that
-        plugin only (see :func:`registry_providing`); empty when unknown.
+        options were parsed: the processes the options are shipped to import that plugin
+        alone (every installed one when it is empty, or no longer provides the connector).
     """
 
     connector: str
