@@ -161,9 +161,9 @@ class BridgeOptions:
 def registry_providing(connector: str, role: ConnectorRole, plugin: str) -> ConnectorRegistry:
     """The connectors of ``plugin`` when it provides ``connector``, else every installed one.
 
-    Spark starts new Python processes for every query (the source's planner, the sink's
-    commits, the tasks' workers); importing every installed plugin in each cost a quarter of
-    a second per process with the first-party plugins installed, so a process that knows
+    Spark starts new Python processes for every query (the source's planner, the tasks'
+    workers); importing every installed plugin in each cost a quarter of a second per
+    process with the first-party plugins installed, so a process that knows
     which plugin provides its connector (the options found when they were first parsed)
     imports that plugin alone. Every installed plugin is loaded when the plugin is unknown
     or no longer provides the connector, so that a missing connector is reported with the

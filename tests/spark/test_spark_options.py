@@ -13,6 +13,7 @@ import pytest
 
 import pyspark_laminar
 from laminar_sdk import ConfigurationError, ConnectorRole, DeliveryGuarantee
+from laminar_sdk._spark.options import registry_providing
 from laminar_sdk.spark import LaminarDataSource, parse_options
 
 pytestmark = pytest.mark.spark
@@ -211,3 +212,12 @@ def test_the_source_planning_process_imports_the_connectors_plugin_alone(
         "the planning process imported other plugins than the connector's "
         f"(or the witness is not installed): {imported}"
     )
+
+
+def test_a_plugin_that_no_longer_provides_the_connector_falls_back_to_every_plugin() -> None:
+    # Options parsed where another plugin provided the connector (or by another version).
+    assert registry_providing("generator", SOURCE, "reference").get("generator", SOURCE)
+    everything = registry_providing("generator", SOURCE, "no-such-plugin")
+    assert everything.get("generator", SOURCE).plugin == "reference"
+    with pytest.raises(ConfigurationError, match="installed: .*generator"):
+        registry_providing("gone", SOURCE, "reference").get("gone", SOURCE)
