@@ -30,8 +30,10 @@ import contextlib
 import enum
 import json
 import logging
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -240,6 +242,7 @@ class KafkaSink(SinkConnector):
         self._errors_total = 0
         self._epochs_committed = 0
         self._epochs_skipped = 0
+        self._unclosed: weakref.finalize[Any, KafkaSink] | None = None
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -264,6 +267,8 @@ class KafkaSink(SinkConnector):
             raise
         self._exactly_once = settings.exactly_once
         self._lifecycle.open(writer)
+        self._unclosed = weakref.finalize(self, _settle_then_release, producer, settings)
+        self._unclosed.atexit = False  # at exit the process takes the producer with it
 
     def _prepare(self, writer: _Writer) -> None:
         """Check the topics; with exactly-once, fence, and read the last committed epoch.
@@ -297,6 +302,8 @@ class KafkaSink(SinkConnector):
         self._lifecycle.close()
         if writer is None:
             return
+        if self._unclosed is not None:
+            self._unclosed.detach()
         epoch, writer.epoch = writer.epoch, None
         if epoch is not None and epoch.in_transaction:
             with contextlib.suppress(ConnectorError):  # _abort logs what it cannot do
@@ -695,6 +702,32 @@ def _abort(writer: _Writer, epoch: int) -> None:
             describe(settings.client, error),
         )
     writer.deliveries.clear()
+
+
+def _settle_then_release(producer: Producer, settings: SinkSettings) -> None:
+    """Release the producer of a sink dropped without ``close()``, once its requests settle.
+
+    A sink an exception or a simulated crash left unclosed is collected with its producer in
+    the middle of a transaction. Destroyed then, librdkafka could abort the whole process (an
+    assertion in its broker thread, ``txn_req_cnt > 0`` in AddPartitionsToTxn, seen in the
+    kit's fault runs): its requests registering partitions with the transaction were still
+    in flight. So the producer is flushed first, in a thread of its own (the collector may run
+    anywhere, and must not wait on the brokers), and destroyed there. The open transaction is
+    left to the brokers: the next instance with the same transactional id fences and aborts it.
+    """
+    threading.Thread(
+        target=_flush_quietly,
+        args=(producer, settings.flush_timeout_s),
+        name="laminar-kafka-unclosed",
+        daemon=True,
+    ).start()
+
+
+def _flush_quietly(producer: Producer, timeout_s: float) -> None:
+    # Whatever the flush of a dropped instance raises concerns no one: a successor fencing
+    # it, say, comes out of the delivery callback as a SystemError wrapping a KafkaException.
+    with contextlib.suppress(Exception):
+        producer.flush(timeout_s)
 
 
 def _staging(settings: SinkSettings, config: ConnectorConfig) -> EpochStaging | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import threading
 
 import pyarrow as pa
 import pytest
@@ -18,6 +20,7 @@ from laminar_sdk import (
     TransactionError,
 )
 
+from laminar_plugin_kafka import _sink
 from laminar_plugin_kafka._config import EPOCHS_TOPIC_CONFIG, default_epochs_topic
 from laminar_plugin_kafka._contexts import KafkaSinkContext
 
@@ -183,6 +186,51 @@ def test_a_zombie_instance_is_fenced_and_its_epoch_never_appears(kafka, registry
 
     asyncio.run(scenario())
     assert kafka.committed_ids(topic) == [10]
+
+
+def test_a_sink_dropped_unclosed_releases_its_producer_once_its_requests_settle(
+    kafka, registry, tmp_path, monkeypatch
+):
+    # A crashed pipeline's instance, dropped in the middle of an epoch: librdkafka aborted
+    # the process when it destroyed the producer with a transaction request in flight.
+    topic = kafka.topic(partitions=3)
+    properties = sink_config(kafka, topic, tmp_path)
+    released: list[tuple[str, int]] = []
+    flush = _sink._flush_quietly
+
+    def recording(producer, timeout_s: float) -> None:
+        flush(producer, timeout_s)
+        released.append((threading.current_thread().name, len(producer)))
+
+    monkeypatch.setattr(_sink, "_flush_quietly", recording)
+
+    async def drop_one(*, close: bool) -> None:
+        sink = await open_sink(registry, properties)
+        await sink.begin_epoch(0)
+        await sink.write_batch(batch(list(range(300))))
+        if close:
+            await sink.close()
+
+    asyncio.run(drop_one(close=True))
+    gc.collect()
+    assert released == [], "a closed sink's producer is released by close()"
+
+    asyncio.run(drop_one(close=False))
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread.name == "laminar-kafka-unclosed":
+            thread.join(timeout=60)
+    assert released == [("laminar-kafka-unclosed", 0)], (
+        "the unclosed sink's producer is flushed (nothing left queued) in a thread of its own"
+    )
+
+    async def successor() -> None:
+        sink = await open_sink(registry, properties)  # fences the dropped one's transaction
+        await write_epoch(sink, 0, [7])
+        await sink.close()
+
+    asyncio.run(successor())
+    assert kafka.committed_ids(topic, partitions=3) == [7]
 
 
 def test_two_sinks_on_one_topic_keep_their_own_epochs(kafka, registry, tmp_path):
