@@ -13,7 +13,7 @@ import pytest
 
 import pyspark_laminar
 from laminar_sdk import ConfigurationError, ConnectorRole, DeliveryGuarantee
-from laminar_sdk._spark.options import registry_providing
+from laminar_sdk._spark.options import connector_registry, registry_providing
 from laminar_sdk.spark import LaminarDataSource, parse_options
 
 pytestmark = pytest.mark.spark
@@ -214,10 +214,21 @@ def test_the_source_planning_process_imports_the_connectors_plugin_alone(
     )
 
 
-def test_a_plugin_that_no_longer_provides_the_connector_falls_back_to_every_plugin() -> None:
+def test_a_plugin_that_no_longer_provides_the_connector_falls_back_to_every_plugin(
+    install_distribution,
+) -> None:
     # Options parsed where another plugin provided the connector (or by another version).
-    assert registry_providing("generator", SOURCE, "reference").get("generator", SOURCE)
-    everything = registry_providing("generator", SOURCE, "no-such-plugin")
-    assert everything.get("generator", SOURCE).plugin == "reference"
-    with pytest.raises(ConfigurationError, match="installed: .*generator"):
-        registry_providing("gone", SOURCE, "reference").get("gone", SOURCE)
+    install_distribution(
+        "laminar-plugin-witness",
+        modules={"laminar_witness": WITNESS_PLUGIN},
+        plugins={"witness": "laminar_witness"},
+    )
+    connector_registry.cache_clear()  # this process's registries, loaded before the witness
+    try:
+        assert registry_providing("generator", SOURCE, "reference").get("generator", SOURCE)
+        found = registry_providing("witness", SOURCE, "reference").get("witness", SOURCE)
+        assert found.plugin == "witness", "found among every installed plugin"
+        with pytest.raises(ConfigurationError, match="installed: .*witness"):
+            registry_providing("gone", SOURCE, "reference").get("gone", SOURCE)
+    finally:
+        connector_registry.cache_clear()

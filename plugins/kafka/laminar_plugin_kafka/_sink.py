@@ -267,7 +267,9 @@ class KafkaSink(SinkConnector):
             raise
         self._exactly_once = settings.exactly_once
         self._lifecycle.open(writer)
-        self._unclosed = weakref.finalize(self, _settle_then_release, producer, settings)
+        self._unclosed = weakref.finalize(
+            self, _settle_then_release, producer, settings.flush_timeout_s
+        )
         self._unclosed.atexit = False  # at exit the process takes the producer with it
 
     def _prepare(self, writer: _Writer) -> None:
@@ -704,7 +706,7 @@ def _abort(writer: _Writer, epoch: int) -> None:
     writer.deliveries.clear()
 
 
-def _settle_then_release(producer: Producer, settings: SinkSettings) -> None:
+def _settle_then_release(producer: Producer, timeout_s: float) -> None:
     """Release the producer of a sink dropped without ``close()``, once its requests settle.
 
     A sink an exception or a simulated crash left unclosed is collected with its producer in
@@ -717,7 +719,7 @@ def _settle_then_release(producer: Producer, settings: SinkSettings) -> None:
     """
     threading.Thread(
         target=_flush_quietly,
-        args=(producer, settings.flush_timeout_s),
+        args=(producer, timeout_s),
         name="laminar-kafka-unclosed",
         daemon=True,
     ).start()
