@@ -18,9 +18,9 @@ survives whatever the laminar checkpoint location survives. An entry is one chec
 UUIDv7, ordered by time); its records are Arrow IPC streams stored as that checkpoint's
 artifacts ``{id}/operators/{source}/partition-{n}.snap``, one per *slice* of at most
 :data:`SLICE_BYTES`, each read by a Spark task of its own. The end offset holds every slice's
-path, row count and SHA-256, checked when the slice is read back. Slices are written as the
-source is polled, so the planning process holds one slice at a time, however big the
-micro-batch.
+path, row count and SHA-256, checked when the slice is read back. Slices are encoded and
+written while the source goes on being polled, at most :data:`SLICES_IN_FLIGHT` at a time, so
+the planning process holds a few slices at most, however big the micro-batch.
 
 A crash between the poll and Spark's offset log leaves an entry no offset names; it is deleted
 by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
@@ -28,6 +28,7 @@ by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -48,6 +49,10 @@ READ_LOG_DIRECTORY = "read-log"
 SLICE_BYTES = 32 * 1024 * 1024
 """The most Arrow bytes one slice holds (a batch larger than that is cut, by rows): a
 micro-batch of more is read by several tasks in parallel."""
+
+SLICES_IN_FLIGHT = 2
+"""How many full slices may be in the making (encoded, hashed, stored) while polling goes
+on: the planning process holds at most this many more slices than one."""
 
 ORPHAN_GRACE_S = 600.0
 """How old an entry that no committed micro-batch named must be before it is deleted."""
@@ -133,7 +138,9 @@ class ReadLog:
     ) -> ReadLogEntry:
         """Store ``batches`` durably as a new entry, in slices; return the entry.
 
-        Each slice is stored as soon as it is full, while ``batches`` is still being consumed.
+        Each slice is stored as soon as it is full (encoded in a worker thread, then written),
+        while ``batches`` is still being consumed; at most :data:`SLICES_IN_FLIGHT` are in the
+        making at a time.
         No batch: an entry without slices, and nothing stored. Nothing refers to the entry
         until the caller hands it to Spark: a crash part-way leaves an orphan, deleted later
         (:meth:`discard`).
@@ -141,18 +148,29 @@ class ReadLog:
         :raises CheckpointError: when the store cannot write (naming where, and why).
         """
         entry_id = CheckpointId.new()
-        slices: list[LoggedSlice] = []
-        async for group in _slices(batches):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, schema) as stream:
-                for batch in group:
-                    stream.write_batch(batch)
-            number = len(slices)
-            data = sink.getvalue().to_pybytes()
-            sha256 = await self._store.save_snapshot(entry_id, self._operator, number, data)
-            path = self._store.artifact_path(entry_id, self._operator, number)
-            slices.append(LoggedSlice(path, sha256, sum(b.num_rows for b in group)))
-        return ReadLogEntry(entry_id, tuple(slices))
+        stored: list[asyncio.Task[LoggedSlice]] = []
+        try:
+            async for group in _slices(batches):
+                if len(stored) >= SLICES_IN_FLIGHT:
+                    await stored[-SLICES_IN_FLIGHT]
+                number = len(stored)
+                stored.append(
+                    asyncio.create_task(self._store_slice(entry_id, number, group, schema))
+                )
+            return ReadLogEntry(entry_id, tuple([await task for task in stored]))
+        finally:
+            for task in stored:
+                task.cancel()
+            await asyncio.gather(*stored, return_exceptions=True)
+
+    async def _store_slice(
+        self, entry_id: CheckpointId, number: int, group: list[pa.RecordBatch], schema: pa.Schema
+    ) -> LoggedSlice:
+        # Encoded off the event loop: the loop goes on polling the source meanwhile.
+        data = await asyncio.to_thread(_ipc_stream, group, schema)
+        sha256 = await self._store.save_snapshot(entry_id, self._operator, number, data)
+        path = self._store.artifact_path(entry_id, self._operator, number)
+        return LoggedSlice(path, sha256, sum(batch.num_rows for batch in group))
 
     async def read(self, logged: LoggedSlice) -> pa.RecordBatchStreamReader:
         """The batches of one slice, as the first run logged them.
@@ -202,13 +220,27 @@ class ReadLog:
             await self._store.delete_artifact(path)
 
 
+def _ipc_stream(group: list[pa.RecordBatch], schema: pa.Schema) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as stream:
+        for batch in group:
+            stream.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
 async def _slices(
     batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch],
 ) -> AsyncIterator[list[pa.RecordBatch]]:
-    """``batches`` in groups of at most :data:`SLICE_BYTES`, a larger batch cut by rows."""
+    """``batches`` in groups of at most :data:`SLICE_BYTES`, a larger batch cut by rows.
+
+    Between two batches it lets the event loop run: a source whose ``poll_batch`` never
+    awaits would otherwise hold the loop until the last batch, and the slices being stored
+    meanwhile would not get on.
+    """
     group: list[pa.RecordBatch] = []
     size = 0
     async for batch in as_async_batches(batches):
+        await asyncio.sleep(0)
         for piece in _pieces(batch):
             if group and size + piece.nbytes > SLICE_BYTES:
                 yield group

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +15,7 @@ import pytest
 from spark_pipelines import ids_batch
 
 from laminar_sdk import CheckpointError, CheckpointId, ReadError, open_checkpointer
+from laminar_sdk._checkpointing.file_store import FileCheckpointer
 from laminar_sdk._spark import read_log
 from laminar_sdk._spark.read_log import ReadLog, ReadLogEntry
 from laminar_sdk.reference import IDS_SCHEMA
@@ -123,3 +127,123 @@ def test_the_log_holds_every_column_type_spark_hands_over(tmp_path: Path) -> Non
         return (await log.read(entry.slices[0])).read_all()
 
     assert asyncio.run(read()).to_batches()[0].equals(batch)
+
+
+class _Polled:
+    """A source's polls as a plugin that never awaits writes them: batches of 10 ids."""
+
+    def __init__(self, batches: int, fail_at: int | None = None) -> None:
+        self.batches, self.fail_at = batches, fail_at
+        self.polled = 0
+        self.exhausted = threading.Event()
+
+    async def __aiter__(self) -> AsyncIterator[pa.RecordBatch]:
+        for number in range(self.batches):
+            if number == self.fail_at:
+                raise ReadError("the source's disk went away")
+            self.polled += 1
+            yield ids_batch(number * 10, 10)
+        self.exhausted.set()
+
+
+class _GatedStore(FileCheckpointer):
+    """A file store whose first slice is stored only once ``gate`` opens (or 10 s pass)."""
+
+    def __init__(self, location: str, gate: threading.Event) -> None:
+        super().__init__(location)
+        self.gate, self.gate_opened = gate, False
+
+    async def save_snapshot(
+        self, checkpoint_id: CheckpointId, operator: str, partition: int, data: bytes
+    ) -> str:
+        if partition == 0:
+            self.gate_opened = await asyncio.to_thread(self.gate.wait, 10)
+        return await super().save_snapshot(checkpoint_id, operator, partition, data)
+
+
+def test_the_source_is_polled_on_while_a_slice_is_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two slices of five batches: the first slice's store waits for the source's last poll,
+    # which comes only if polling does not wait for the store.
+    monkeypatch.setattr(read_log, "SLICE_BYTES", ids_batch(0, 10).nbytes * 5)
+    source = _Polled(10)
+    store = _GatedStore(str(tmp_path), source.exhausted)
+
+    entry = asyncio.run(ReadLog(store, "polled").append(source, IDS_SCHEMA))
+
+    assert store.gate_opened, "polling stopped until the first slice was stored"
+    assert [logged.rows for logged in entry.slices] == [50, 50]
+    assert read_ids(ReadLog(store, "polled"), entry) == list(range(100))
+
+
+def test_the_event_loop_runs_between_two_polls_of_a_source_that_never_awaits(
+    tmp_path: Path,
+) -> None:
+    # The slices being stored get on only when the loop runs: a source whose poll_batch
+    # never awaits would otherwise hold it from the first batch to the last.
+    async def append_counting_loop_turns() -> list[int]:
+        loop, turns = asyncio.get_running_loop(), [0]
+
+        def turn() -> None:
+            turns[0] += 1
+            loop.call_soon(turn)
+
+        loop.call_soon(turn)
+        seen = []
+
+        async def polled() -> AsyncIterator[pa.RecordBatch]:
+            for number in range(20):
+                seen.append(turns[0])
+                yield ids_batch(number * 10, 10)
+
+        await log_at(tmp_path).append(polled(), IDS_SCHEMA)
+        return seen
+
+    seen = asyncio.run(append_counting_loop_turns())
+
+    assert all(before < after for before, after in itertools.pairwise(seen)), seen
+
+
+def _slices_in_the_making() -> list[asyncio.Task[object]]:
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done()
+        and getattr(task.get_coro(), "__qualname__", None) == ReadLog._store_slice.__qualname__
+    ]
+
+
+def test_a_slice_that_cannot_be_stored_stops_the_polling_and_leaves_no_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(read_log, "SLICE_BYTES", ids_batch(0, 10).nbytes)
+    source = _Polled(100)
+    store = FileCheckpointer(str(tmp_path))
+
+    async def failing_save(*_: object) -> str:
+        raise CheckpointError(f"cannot write under {tmp_path}: disk full")
+
+    monkeypatch.setattr(store, "save_snapshot", failing_save)
+
+    async def append() -> list[asyncio.Task[object]]:
+        with pytest.raises(CheckpointError, match="disk full"):
+            await ReadLog(store, "polled").append(source, IDS_SCHEMA)
+        return _slices_in_the_making()
+
+    assert asyncio.run(append()) == [], "a slice's task is left running"
+    assert source.polled <= 2 + read_log.SLICES_IN_FLIGHT, "it polled on past the failure"
+
+
+def test_a_source_that_fails_mid_poll_has_its_error_raised_and_leaves_no_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(read_log, "SLICE_BYTES", ids_batch(0, 10).nbytes)
+    source = _Polled(10, fail_at=6)
+
+    async def append() -> list[asyncio.Task[object]]:
+        with pytest.raises(ReadError, match="disk went away"):
+            await log_at(tmp_path).append(source, IDS_SCHEMA)
+        return _slices_in_the_making()
+
+    assert asyncio.run(append()) == [], "a slice's task is left running"
