@@ -135,6 +135,28 @@ def finish(query: StreamingQuery) -> int:
     return len({progress["batchId"] for progress in query.recentProgress})
 
 
+class Phases:
+    """Spark's phases (``durationMs``) of the micro-batches that read rows, per pipeline."""
+
+    def __init__(self) -> None:
+        self._ms: dict[str, dict[str, list[int]]] = {}
+
+    def record(self, name: str, query: StreamingQuery, last: int | None = None) -> None:
+        """Keep the phases of ``query``'s micro-batches with rows (its ``last`` ones only)."""
+        with_rows = [p for p in query.recentProgress if p["numInputRows"]]
+        for progress in with_rows[-last if last else 0 :]:
+            for phase, ms in progress["durationMs"].items():
+                self._ms.setdefault(name, {}).setdefault(phase, []).append(int(ms))
+
+    def medians(self, name: str) -> str:
+        """The median of each phase ``name`` went through, in ms (``getBatch`` left out)."""
+        return ", ".join(
+            f"{phase} {statistics.median(ms):.0f}"
+            for phase, ms in sorted(self._ms.get(name, {}).items())
+            if phase != "getBatch"
+        )
+
+
 def laminar_query(
     spark: SparkSession,
     source: dict[str, str],
@@ -166,6 +188,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
     print(f"\n== basic: {args.basic_rows:,} rows, Parquet files -> Parquet files", flush=True)
     batches: dict[str, int] = {}
     slices: dict[str, list[int]] = {}
+    phases = Phases()
 
     def run(rows: int, directory: Path, first: int = 0) -> dict[str, float]:
         source = directory / "input"
@@ -182,6 +205,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
                     directory / f"{sink}-checkpoint",
                 )
                 batches[sink] = finish(query)
+                phases.record(sink, query)
                 slices[sink] = [
                     len(_end_offset(progress)["read_log"]["slices"])
                     for progress in query.recentProgress
@@ -204,6 +228,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
                 .start()
             )
             batches["hand-written"] = finish(query)
+            phases.record("hand-written", query)
             assert published_rows(out) == rows
 
         pipelines = [
@@ -221,6 +246,9 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
         args.basic_rows,
     )
     print(f"micro-batches per run: {batches}; read-log slices (tasks) of each: {slices}")
+    print("Spark's phases of the micro-batches with rows (warm-up included), median ms:")
+    for name in batches:
+        print(f"{name:>28}: {phases.medians(name)}")
     outcome = Outcome()
     baseline = seconds["hand-written"]
     outcome.ratio(
@@ -328,7 +356,7 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
         ),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    phases: dict[str, dict[str, list[int]]] = {name: {} for name in variants}
+    phases = Phases()
     per_round = max(1, -(-args.latency_samples // args.latency_rounds))
     for number in range(args.latency_rounds + 1):  # round 0 warms up, untimed
         names = list(variants)
@@ -345,10 +373,7 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
                 query.stop()
             if number:
                 samples[name] += taken
-                with_rows = [p for p in query.recentProgress if p["numInputRows"]]
-                for progress in with_rows[-per_round:]:
-                    for phase, ms in progress["durationMs"].items():
-                        phases[name].setdefault(phase, []).append(int(ms))
+                phases.record(name, query, last=per_round)
             shutil.rmtree(directory, ignore_errors=True)
     outcome = Outcome()
     medians = {}
@@ -358,12 +383,7 @@ def bench_latency(spark: SparkSession, args: argparse.Namespace, work: Path) -> 
         print(
             f"{name:>28}: p50 {p50 * 1000:6.0f} ms  p95 {p95 * 1000:6.0f} ms  ({len(taken)} rows)"
         )
-        shown = ", ".join(
-            f"{phase} {statistics.median(ms):.0f}"
-            for phase, ms in sorted(phases[name].items())
-            if phase != "getBatch"
-        )
-        print(f"{'':>28}  Spark's phases of those micro-batches, median ms: {shown}")
+        print(f"{'':>28}  Spark's phases of those micro-batches, median ms: {phases.medians(name)}")
     extra = medians["laminar, one-instance sink"] - medians["hand-written"]
     verdict = "met" if extra <= LATENCY_TARGET_S else "MISSED"
     outcome.lines.append(
