@@ -10,7 +10,8 @@ file I/O. Five benches (``--only`` picks some):
   ``--basic-rows`` rows from its files to its files, exactly once, (a) into its one-instance
   sink and (b) into its distributed-commit sink, against ``handwritten-parquet``: one task per
   source partition reading the same files, a task per write partition staging a Parquet file,
-  renamed at the commit;
+  renamed at the commit; with the median of Spark's phases of each pipeline's micro-batches
+  (``latestOffset`` is a polled source's planning pass, ``addBatch`` the tasks and the commit);
 - ``reads`` (issue 22, target >= 0.9x): laminar's ``generator`` (two partitions) into Spark's
   ``noop`` sink, against a minimal hand-written reader making the same Arrow columns (int64,
   int32, double) in two partitions; Spark's native ``rate-micro-batch`` printed for reference;
