@@ -225,7 +225,8 @@ def _ipc_stream(group: list[pa.RecordBatch], schema: pa.Schema) -> bytes:
     with pa.ipc.new_stream(sink, schema) as stream:
         for batch in group:
             stream.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 async def _slices(
