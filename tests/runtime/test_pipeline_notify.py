@@ -109,8 +109,12 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
         await asyncio.sleep(0.01)
 
 
-async def idle_then_append(registry, tmp_path: Path, source_name: str) -> tuple[int, float]:
-    """Run until epoch 0 is committed, stay idle, append: polls while idle, and wake-up time."""
+async def idle_then_append(registry, tmp_path: Path, source_name: str) -> int:
+    """Run until epoch 0 is committed, stay idle, append; how often it polled while idle.
+
+    The run must then commit the appended records within 10 s: a source with an event that
+    is never polled on a timer (at most once while idle) is woken up by its event alone.
+    """
     MemorySource.append(tmp_path / "source", [0, 1, 2])
     run = asyncio.create_task(
         pipeline(registry, tmp_path, source_name).run(max_epochs=2, stop_when_idle=False)
@@ -122,23 +126,21 @@ async def idle_then_append(registry, tmp_path: Path, source_name: str) -> tuple[
     await asyncio.sleep(IDLE_S)
     idle_polls = source.polls - before
     MemorySource.append(tmp_path / "source", [3, 4])
-    appended = time.monotonic()
     if isinstance(source, NotifyingSource):
         source.ready.set()
     report = await asyncio.wait_for(run, 10)
     assert [epoch.rows for epoch in report.epochs] == [3, 2]
     assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == [0, 1, 2, 3, 4]
-    return idle_polls, time.monotonic() - appended
+    return idle_polls
 
 
 def test_an_idle_pipeline_awaits_the_sources_event_instead_of_polling(registry, tmp_path):
-    idle_polls, wake_up_s = asyncio.run(idle_then_append(registry, tmp_path, "notifying"))
+    idle_polls = asyncio.run(idle_then_append(registry, tmp_path, "notifying"))
     assert idle_polls <= 1, f"{idle_polls} polls in {IDLE_S}s of idling: it polls on a timer"
-    assert wake_up_s < 1.0, "the event woke the pipeline up late"
 
 
 def test_without_an_event_an_idle_pipeline_polls_on_its_timer(registry, tmp_path):
-    idle_polls, _ = asyncio.run(idle_then_append(registry, tmp_path, "counting"))
+    idle_polls = asyncio.run(idle_then_append(registry, tmp_path, "counting"))
     assert idle_polls >= IDLE_S / POLL_INTERVAL_S / 4, "the control: a timer does poll"
 
 

@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import threading
 import time
 from pathlib import Path
 from typing import NoReturn
@@ -285,11 +286,15 @@ def test_the_torn_writes_reach_the_manifests_and_the_latest_pointer(registry, tm
 
 
 def test_a_timed_kill_comes_during_a_slow_call(registry, tmp_path, record):
+    timer_fired = threading.Event()
+
     class SlowCommit(MemorySink):
         finished = False
 
         async def commit_epoch(self, epoch: int) -> None:
-            await asyncio.sleep(0.5)
+            # Slow until the timer fires (30 s at most): how late a loaded machine runs the
+            # timer's thread does not decide the outcome.
+            await asyncio.to_thread(timer_fired.wait, 30)
             await super().commit_epoch(epoch)
             SlowCommit.finished = True
 
@@ -297,6 +302,7 @@ def test_a_timed_kill_comes_during_a_slow_call(registry, tmp_path, record):
 
     def kill():  # called in the timer's thread; returning just ends that thread here
         kills.append(SlowCommit.finished)
+        timer_fired.set()
 
     async def scenario() -> None:
         sink = SlowCommit()
@@ -309,7 +315,7 @@ def test_a_timed_kill_comes_during_a_slow_call(registry, tmp_path, record):
         await coordinator.recover()
         started = time.monotonic()
         await coordinator.run_epoch(0, [ids_batch([1])], {})
-        assert time.monotonic() - started >= 0.5
+        assert time.monotonic() - started >= 0.1, "the timer fires 100 ms into the call"
 
     asyncio.run(scenario())
     assert kills == [False], "the timer fired while commit_epoch was still running"

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -112,7 +113,12 @@ def test_plan_end_stops_before_an_open_transaction(kafka, registry):
         ranges = source.as_range_readable()
         before = await ranges.plan_end(SourceCheckpoint(), None)
         await asyncio.to_thread(producer.commit_transaction, 30)
-        after = await ranges.plan_end(before, None)
+        # The commit returns once the coordinator logged it; the partition's marker, which
+        # moves its last stable offset, is written after.
+        deadline = time.monotonic() + 30
+        while (after := await ranges.plan_end(before, None)) == before:
+            assert time.monotonic() < deadline, "the committed transaction never became readable"
+            await asyncio.sleep(0.05)
         ids = await read_between(source, before, after)
         await source.close()
         return before, after, ids

@@ -188,6 +188,12 @@ def test_a_zombie_instance_is_fenced_and_its_epoch_never_appears(kafka, registry
     assert kafka.committed_ids(topic) == [10]
 
 
+def join_unclosed_releases() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "laminar-kafka-unclosed":
+            thread.join(timeout=60)
+
+
 def test_a_sink_dropped_unclosed_releases_its_producer_once_its_requests_settle(
     kafka, registry, tmp_path, monkeypatch
 ):
@@ -202,6 +208,9 @@ def test_a_sink_dropped_unclosed_releases_its_producer_once_its_requests_settle(
         flush(producer, timeout_s)
         released.append((threading.current_thread().name, len(producer)))
 
+    # Sinks earlier tests dropped are released first, unrecorded.
+    gc.collect()
+    join_unclosed_releases()
     monkeypatch.setattr(_sink, "_flush_quietly", recording)
 
     async def drop_one(*, close: bool) -> None:
@@ -217,9 +226,7 @@ def test_a_sink_dropped_unclosed_releases_its_producer_once_its_requests_settle(
 
     asyncio.run(drop_one(close=False))
     gc.collect()
-    for thread in threading.enumerate():
-        if thread.name == "laminar-kafka-unclosed":
-            thread.join(timeout=60)
+    join_unclosed_releases()
     assert released == [("laminar-kafka-unclosed", 0)], (
         "the unclosed sink's producer is flushed (nothing left queued) in a thread of its own"
     )

@@ -42,6 +42,17 @@ def values(batches: list[pa.RecordBatch]) -> list[bytes]:
     return [value for batch in batches for value in batch.column("value").to_pylist()]
 
 
+async def values_arriving(source: SourceConnector, count: int) -> list[bytes]:
+    """The values polled until ``count`` came (or 30 s passed): records produced, or whose
+    transaction committed, reach the consumer a moment later, later still on a busy machine."""
+    arrived: list[bytes] = []
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(arrived) < count and asyncio.get_running_loop().time() < deadline:
+        arrived += values(await drain(source))
+        await asyncio.sleep(0.05)
+    return arrived
+
+
 def test_records_carry_key_value_position_timestamp_and_headers(kafka, registry):
     topic = kafka.topic()
     kafka.produce(
@@ -196,8 +207,7 @@ def test_read_committed_returns_committed_transactions_only(kafka, registry):
         first = values(await drain(source))
         before_commit = source.checkpoint()
         await asyncio.to_thread(producer.commit_transaction, 30)
-        await asyncio.sleep(0.5)
-        second = values(await drain(source))
+        second = await values_arriving(source, 1)
         at_end = source.checkpoint()
         await source.close()
         return first, before_commit, second, at_end
@@ -224,8 +234,7 @@ def test_partitions_absent_from_the_checkpoint_start_at_the_beginning_or_latest(
         skipped = values(await drain(latest))
         start = latest.checkpoint()
         kafka.produce(topic, [b"new-1"], partition=1)
-        await asyncio.sleep(0.3)
-        new = values(await drain(latest))
+        new = await values_arriving(latest, 1)
         await latest.close()
         return from_beginning, skipped, start, new
 
