@@ -18,6 +18,7 @@ seed and the command that replays it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import json
@@ -25,6 +26,7 @@ import pickle
 import shutil
 import tempfile
 import threading
+import time
 import types
 from collections import Counter
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
@@ -236,7 +238,9 @@ class SparkLayer:
                 )
                 committed = case.pipeline.spark_batches("commits")
                 # The last run must find everything there when it starts (availableNow).
-                with _arriving(case.arrive if point is not None else None) as arrived:
+                arrive = case.arrive if point is not None else None
+                planned = functools.partial(case.pipeline.spark_batches, "offsets")
+                with _arriving(arrive, planned) as arrived:
                     run = next(children).wait()
                 if arrived:
                     self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
@@ -291,12 +295,22 @@ class SparkLayer:
 
 
 ARRIVAL_INTERVAL_S = 2.0
-"""How often a live source gets a micro-batch of new ids while a run to be killed runs."""
+"""The longest a live source goes without new ids while a run to be killed runs."""
+
+_ARRIVAL_WATCH_S = 0.1
+"""How often the feeder looks at Spark's offset log for a micro-batch planned since."""
 
 
 @contextlib.contextmanager
-def _arriving(arrive: Callable[[], int] | None) -> Iterator[list[int]]:
-    """Call ``arrive`` (a live source's append) every :data:`ARRIVAL_INTERVAL_S` in this block.
+def _arriving(
+    arrive: Callable[[], int] | None, planned: Callable[[], list[int]]
+) -> Iterator[list[int]]:
+    """Call ``arrive`` (a live source's append) while this block runs a pipeline.
+
+    It is called as soon as Spark's offset log (``planned``) holds a micro-batch it did not
+    hold before — new records then land between a micro-batch's planning and its reads, where
+    a source polled again for a re-run would return them — and at least every
+    :data:`ARRIVAL_INTERVAL_S`, so a run slow to plan still sees records arrive.
 
     Yields the list of how many each call appended (empty when ``arrive`` is ``None``).
     """
@@ -307,8 +321,14 @@ def _arriving(arrive: Callable[[], int] | None) -> Iterator[list[int]]:
     stop = threading.Event()
 
     def feed() -> None:
-        while not stop.wait(ARRIVAL_INTERVAL_S):
-            arrived.append(arrive())
+        seen = set(planned())
+        last = time.monotonic()
+        while not stop.wait(_ARRIVAL_WATCH_S):
+            now = set(planned())
+            if now - seen or time.monotonic() - last >= ARRIVAL_INTERVAL_S:
+                arrived.append(arrive())
+                seen |= now
+                last = time.monotonic()
 
     feeder = threading.Thread(target=feed, name="laminar-conformance-arrivals", daemon=True)
     feeder.start()

@@ -14,11 +14,12 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from laminar_conformance import _spark_pipeline
+from laminar_conformance import _spark_layer, _spark_pipeline
 from laminar_conformance._figures import Figures
 from laminar_conformance._profiles import PROFILES
 from laminar_conformance._report import CheckResult, ReportCollector
@@ -327,3 +328,42 @@ def test_the_report_sums_up_the_spark_checks():
     )
     collector.results["a"] = CheckResult(name, "skipped", reason="pyspark not installed")
     assert collector.spark_summary(planned) == "skipped: pyspark not installed"
+
+
+def test_a_live_source_gets_records_as_soon_as_spark_plans_a_micro_batch(monkeypatch):
+    # Timed arrivals alone missed a run killed within its first seconds; the records must
+    # land between a micro-batch's planning and its reads, whatever the run's pace.
+    monkeypatch.setattr(_spark_layer, "ARRIVAL_INTERVAL_S", 3600.0)
+    planned: list[int] = [0]
+    calls = threading.Semaphore(0)
+
+    def arrive() -> int:
+        calls.release()
+        return 4
+
+    with _spark_layer._arriving(arrive, lambda: list(planned)) as arrived:
+        assert not calls.acquire(timeout=0.5), "nothing was planned since the block began"
+        planned.append(1)
+        assert calls.acquire(timeout=30), "a newly planned micro-batch brought no records"
+        planned.append(2)
+        assert calls.acquire(timeout=30)
+    assert arrived == [4, 4]
+
+
+def test_a_live_source_gets_records_on_a_timer_while_nothing_is_planned(monkeypatch):
+    monkeypatch.setattr(_spark_layer, "ARRIVAL_INTERVAL_S", 0.2)
+    calls = threading.Semaphore(0)
+
+    def arrive() -> int:
+        calls.release()
+        return 1
+
+    with _spark_layer._arriving(arrive, list) as arrived:
+        assert calls.acquire(timeout=30), "no records arrived while the run went on"
+    assert arrived
+
+
+def test_no_records_arrive_for_a_run_that_goes_to_the_end():
+    with _spark_layer._arriving(None, list) as arrived:
+        pass
+    assert arrived == []
