@@ -102,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         f"({pipeline.delivery}) on {pipeline.master}",
         flush=True,
     )
+    spark_run.quiet_lost_driver_tracebacks()
     try:
         decided = spark_run.decided_epochs(pipeline, registry)
         query = spark_run.start_pipeline(pipeline)

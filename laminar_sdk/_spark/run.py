@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import py4j
 from py4j.protocol import Py4JNetworkError
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
@@ -30,6 +32,30 @@ SOURCE_VIEW = "source"
 
 DRIVER_LOST = (Py4JNetworkError, ConnectionError)
 """What a call into Spark raises once the driver's JVM is gone (killed, or crashed)."""
+
+
+class _LostDriverTraceback(logging.Filter):
+    """Drops py4j's traceback of a command the lost driver could not answer.
+
+    py4j logs it on the root logger (``logging.exception("Exception while sending
+    command.")`` in ``GatewayClient.send_command``) before it raises, in whichever thread
+    was talking to the JVM. The error the caller then reports, in one line, says all of it
+    (:func:`driver_lost`).
+    """
+
+    _PY4J = Path(py4j.__file__).parent
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, DRIVER_LOST) and Path(record.pathname).parent == self._PY4J)
+
+
+_LOST_DRIVER_TRACEBACK = _LostDriverTraceback()
+
+
+def quiet_lost_driver_tracebacks() -> None:
+    """From now on, py4j logs no traceback when the driver's JVM is gone (see above)."""
+    logging.getLogger().addFilter(_LOST_DRIVER_TRACEBACK)  # a second add does nothing
 
 
 def driver_lost(error: BaseException) -> str:
