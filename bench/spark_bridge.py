@@ -145,7 +145,7 @@ class Phases:
     def record(self, name: str, query: StreamingQuery, last: int | None = None) -> None:
         """Keep the phases of ``query``'s micro-batches with rows (its ``last`` ones only)."""
         with_rows = [p for p in query.recentProgress if p["numInputRows"]]
-        for progress in with_rows[-last if last else 0 :]:
+        for progress in with_rows[-last:] if last else with_rows:
             for phase, ms in progress["durationMs"].items():
                 self._ms.setdefault(name, {}).setdefault(phase, []).append(int(ms))
 
