@@ -15,12 +15,14 @@ the same way).
 The log lives in a checkpoint store (file system or object store, see
 :mod:`laminar_sdk._checkpointing.registry`) at ``<laminar checkpoint location>/read-log``, so it
 survives whatever the laminar checkpoint location survives. An entry is one checkpoint id (a
-UUIDv7, ordered by time); its records are Arrow IPC streams stored as that checkpoint's
+UUIDv7, ordered by time); its records are Arrow IPC streams, LZ4-compressed
+(:data:`~laminar_sdk._spark.arrow.COMPRESSED_IPC_OPTIONS`), stored as that checkpoint's
 artifacts ``{id}/operators/{source}/partition-{n}.snap``, one per *slice* of at most
-:data:`SLICE_BYTES`, each read by a Spark task of its own. The end offset holds every slice's
-path, row count and SHA-256, checked when the slice is read back. Slices are encoded and
-written while the source goes on being polled, at most :data:`SLICES_IN_FLIGHT` at a time, so
-the planning process holds a few slices at most, however big the micro-batch.
+:data:`SLICE_BYTES` of uncompressed Arrow, each read by a Spark task of its own. The end
+offset holds every slice's path, row count and SHA-256, checked when the slice is read back.
+Slices are encoded and written while the source goes on being polled, at most
+:data:`SLICES_IN_FLIGHT` at a time, so the planning process holds a few slices at most, however
+big the micro-batch.
 
 A crash between the poll and Spark's offset log leaves an entry no offset names; it is deleted
 by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
@@ -41,6 +43,7 @@ from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNot
 from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
 from laminar_sdk._coordinator import as_async_batches
 from laminar_sdk._errors import CheckpointError, ReadError
+from laminar_sdk._spark.arrow import COMPRESSED_IPC_OPTIONS
 from laminar_sdk._state import connector_space
 
 READ_LOG_DIRECTORY = "read-log"
@@ -222,7 +225,7 @@ class ReadLog:
 
 def _ipc_stream(group: list[pa.RecordBatch], schema: pa.Schema) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as stream:
+    with pa.ipc.new_stream(sink, schema, options=COMPRESSED_IPC_OPTIONS) as stream:
         for batch in group:
             stream.write_batch(batch)
     data: bytes = sink.getvalue().to_pybytes()

@@ -77,7 +77,7 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState, WriteError
-from laminar_sdk._spark.arrow import conform
+from laminar_sdk._spark.arrow import COMPRESSED_IPC_OPTIONS, conform
 from laminar_sdk._spark.connectors import opened_sink, run
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
@@ -87,15 +87,6 @@ logger = logging.getLogger("laminar_sdk.spark")
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The task-local property holding the streaming query's id (kept in Spark's checkpoint)."""
-
-
-MESSAGE_IPC_OPTIONS = pa.ipc.IpcWriteOptions(
-    compression="lz4" if pa.Codec.is_available("lz4") else None
-)
-"""How a write task serializes its batches into a commit message (see the module doc).
-
-A hand-off file is not compressed: the commit reads it locally, and decompressing would be
-its work."""
 
 
 class BatchesMessage(WriterCommitMessage, ABC):
@@ -207,7 +198,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         ):
             return self._hand_off(iterator, self._handoff, context, query_id, int(batch_id))
         sink = pa.BufferOutputStream()
-        rows = self._serialize(iterator, sink, MESSAGE_IPC_OPTIONS)
+        rows = self._serialize(iterator, sink, COMPRESSED_IPC_OPTIONS)
         return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id)
 
     def commit(
@@ -250,6 +241,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         try:
             path = handoff.task_file(query_id, batch_id, _task_name(context))
             with pa.OSFile(str(path), "wb") as file:
+                # Not compressed: the commit reads it locally, and would decompress alone.
                 rows = self._serialize(iterator, file, pa.ipc.IpcWriteOptions())
         except OSError as error:
             raise WriteError(

@@ -53,6 +53,18 @@ def test_a_micro_batch_is_logged_in_slices_and_read_back_in_order(
     assert ReadLogEntry.from_dict(entry.to_dict()) == entry, "it travels in Spark's offsets"
 
 
+def test_slices_are_stored_compressed_and_read_back_whole(tmp_path: Path) -> None:
+    # Two of the three columns repeat one value: LZ4 stores them in a fraction of their size.
+    batch = ids_batch(0, 200_000)
+    log = log_at(tmp_path)
+
+    entry = asyncio.run(log.append([batch], IDS_SCHEMA))
+
+    stored = (tmp_path / entry.slices[0].path).stat().st_size
+    assert stored < batch.nbytes / 2, f"{stored} bytes stored for {batch.nbytes} of Arrow"
+    assert read_ids(log, entry) == list(range(200_000))
+
+
 def test_a_corrupted_slice_is_an_error_naming_it(tmp_path: Path) -> None:
     log = log_at(tmp_path)
     entry = asyncio.run(log.append([ids_batch(0, 10)], IDS_SCHEMA))
