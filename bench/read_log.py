@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pyarrow as pa
 from _plugins import install_plugin
-from _rounds import median_rounds, timed_in_turn
+from _rounds import Timing, median_rounds, timed_in_turn
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
@@ -120,8 +120,8 @@ class Unlogged(DataSource):
 
 def run(
     spark: SparkSession, rows: int, batch_rows: int, work: Path, *, first: int = 0
-) -> dict[str, float]:
-    """Run the three pipelines once each; their wall-clock seconds, by name."""
+) -> dict[str, Timing]:
+    """Run the three pipelines once each; their timings, by name."""
     generator = {"rows": str(rows // 2), "partitions": "2", "batch_size": "65536"}
 
     def laminar(connector: str, name: str) -> Callable[[], None]:

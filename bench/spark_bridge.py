@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 from _handwritten import HandWritten, HandWrittenParquet
 from _memory import PeakRss, print_peaks
 from _plugins import install_plugin
-from _rounds import median_rounds, timed_in_turn
+from _rounds import Timing, median_rounds, timed_in_turn
 from basic_files import PARTITION_PREFIX, SCHEMA
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
@@ -191,7 +191,7 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
     slices: dict[str, list[int]] = {}
     phases = Phases()
 
-    def run(rows: int, directory: Path, first: int = 0) -> dict[str, float]:
+    def run(rows: int, directory: Path, first: int = 0) -> dict[str, Timing]:
         source = directory / "input"
         rows = write_parquet_input(source, rows)
         laminar_in = {"connector": "bench-parquet", "path": str(source)}
@@ -268,7 +268,7 @@ def bench_reads(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
     """``generator`` into ``noop`` against a hand-written Arrow reader, and native Spark."""
     print(f"\n== reads: {args.read_rows:,} rows into noop, default options", flush=True)
 
-    def run(rows: int, directory: Path, first: int = 0) -> dict[str, float]:
+    def run(rows: int, directory: Path, first: int = 0) -> dict[str, Timing]:
         def laminar() -> None:
             generator = {"connector": "generator", "rows": str(rows // 2), "partitions": "2"}
             generator["batch_size"] = GENERATED_BATCH_ROWS
@@ -502,7 +502,7 @@ def bench_ranges(spark: SparkSession, args: argparse.Namespace, work: Path) -> O
     """``generator`` -> ``files`` (range reads, distributed commit) against hand-written."""
     print(f"\n== ranges: {args.range_rows:,} rows, generator -> files (Parquet)", flush=True)
 
-    def run(rows: int, directory: Path, first: int = 0) -> dict[str, float]:
+    def run(rows: int, directory: Path, first: int = 0) -> dict[str, Timing]:
         def laminar() -> None:
             generator = {"connector": "generator", "rows": str(rows // 2), "partitions": "2"}
             generator["batch_size"] = GENERATED_BATCH_ROWS
