@@ -16,7 +16,7 @@ The log lives in a checkpoint store (file system or object store, see
 :mod:`laminar_sdk._checkpointing.registry`) at ``<laminar checkpoint location>/read-log``, so it
 survives whatever the laminar checkpoint location survives. An entry is one checkpoint id (a
 UUIDv7, ordered by time); its records are Arrow IPC streams, LZ4-compressed
-(:data:`~laminar_sdk._spark.arrow.COMPRESSED_IPC_OPTIONS`), stored as that checkpoint's
+(:data:`~laminar_sdk._spark.ipc.COMPRESSED_IPC_OPTIONS`), stored as that checkpoint's
 artifacts ``{id}/operators/{source}/partition-{n}.snap``, one per *slice* of at most
 :data:`SLICE_BYTES` of uncompressed Arrow, each read by a Spark task of its own. The end
 offset holds every slice's path, row count and SHA-256, checked when the slice is read back.
@@ -43,7 +43,7 @@ from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNot
 from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
 from laminar_sdk._coordinator import as_async_batches
 from laminar_sdk._errors import CheckpointError, ReadError
-from laminar_sdk._spark.arrow import COMPRESSED_IPC_OPTIONS
+from laminar_sdk._spark.ipc import COMPRESSED_IPC_OPTIONS
 from laminar_sdk._state import connector_space
 
 READ_LOG_DIRECTORY = "read-log"

@@ -77,10 +77,11 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState, WriteError
-from laminar_sdk._spark.arrow import COMPRESSED_IPC_OPTIONS, conform
+from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink, run
 from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
+from laminar_sdk._spark.ipc import COMPRESSED_IPC_OPTIONS
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 
 logger = logging.getLogger("laminar_sdk.spark")
