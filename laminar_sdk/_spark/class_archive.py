@@ -61,7 +61,8 @@ STALE_AFTER_S = 15 * 60.0
 """A build lock older than this was left by a process that died, even if its pid is in use."""
 
 TRAINING_TIMEOUT_S = 300.0
-"""The longest a training driver may take; it is stopped then, and no archive is made."""
+"""The longest a training driver may take; it is stopped then, no archive is made, and the next
+driver to start tries again."""
 
 RETRY_AFTER_S = 24 * 3600.0
 """How long a failed training keeps the next ones from running."""
@@ -168,7 +169,8 @@ class ClassArchive:
         """Run a training driver that writes the archive, and wait: the archive, or ``None``.
 
         ``None`` at once when another live process is training, or when a training failed
-        less than :data:`RETRY_AFTER_S` ago.
+        less than :data:`RETRY_AFTER_S` ago (one that ran out of time did not fail: the next
+        driver tries again).
         """
         if _age_s(self._failed_marker()) < RETRY_AFTER_S:
             return None
@@ -185,7 +187,15 @@ class ClassArchive:
                 raise OSError(f"the training driver exited with {trained.returncode}: {output}")
             archive = self.directory / f"{self.key}-{written.stat().st_size}.jsa"
             os.replace(written, archive)
-        except (OSError, subprocess.TimeoutExpired) as error:
+        except subprocess.TimeoutExpired:
+            # A busy machine, most likely (the background training yields to everything):
+            # the next driver tries again. What the JVM writes as it exits is removed then.
+            logger.warning(
+                "Spark's classes were not archived within %g s; drivers start as usual",
+                TRAINING_TIMEOUT_S,
+            )
+            return None
+        except OSError as error:
             logger.warning(
                 "Spark's classes were not archived (drivers start as usual; the next try is in "
                 "a day, or delete %s): %s",

@@ -86,6 +86,20 @@ def test_a_failed_training_says_why_and_is_not_tried_again_for_a_day(
     assert not (archive.directory / "started").exists()
 
 
+def test_a_training_out_of_time_is_tried_again_by_the_next_driver(
+    archive: ClassArchive, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    slow = archive.directory / "slow-trainer"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(slow))
+    monkeypatch.setattr(class_archive, "TRAINING_TIMEOUT_S", 0.5)
+    with caplog.at_level(logging.WARNING, logger="laminar_sdk.spark"):
+        assert archive.train() is None
+    assert "Spark's classes were not archived within 0.5 s; drivers start as usual" in caplog.text
+    assert archive.may_train(), "a busy machine is no reason to wait a day"
+
+
 def test_the_callers_own_class_sharing_options_or_off_turn_it_off(
     archive: ClassArchive, spark_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
