@@ -131,6 +131,12 @@ def _demo(args: argparse.Namespace) -> int:
     return run_demo(args.workdir, conformance=not args.no_conformance)
 
 
+def _spark_archive(args: argparse.Namespace) -> int:
+    from laminar_sdk._spark.class_archive import prepare  # noqa: PLC0415 - pyspark only here
+
+    return prepare(start=args.start)
+
+
 def _new_plugin(args: argparse.Namespace) -> int:
     project = create_plugin_project(args.name, args.directory, force=args.force)
     names = project.names
@@ -195,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the conformance kit's quick run on the files sink at the end",
     )
     demo.set_defaults(handler=_demo)
+
+    archive = commands.add_parser(
+        "spark-archive",
+        help="archive Spark's JVM classes, so that every driver started after starts sooner",
+        description=(
+            "Make the archive of Spark's classes that drivers started by laminar map (about "
+            "30 s, once per Java and Spark installation), and print where it is. A driver "
+            "started without one starts its training in the background anyway; run this "
+            "first when many drivers follow, as a test run's."
+        ),
+    )
+    archive.add_argument(
+        "--start", action="store_true", help="train in the background and return at once"
+    )
+    archive.set_defaults(handler=_spark_archive)
 
     new_plugin = commands.add_parser(
         "new-plugin",

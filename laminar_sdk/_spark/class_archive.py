@@ -10,8 +10,8 @@ whenever it starts a driver:
 - otherwise it starts a training in the background, at the lowest priority, and this driver
   starts without: a short training driver (a batch and a streaming query, about 30 s of one
   core, once per installation) writes the archive as its JVM exits. One process at a time
-  trains (a lock file); a training that failed is not tried again for a day. ``python -m
-  laminar_sdk._spark.class_archive`` trains in the foreground, and prints where the archive
+  trains (a lock file); a training that failed is not tried again for a day. ``laminar
+  spark-archive`` (:func:`prepare`) trains in the foreground, and prints where the archive
   is: CI runs it before its tests.
 
 The JVM crashes (SIGBUS) on an archive cut short, so an archive only ever appears whole: it is
@@ -40,6 +40,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 logger = logging.getLogger("laminar_sdk.spark")
 
@@ -131,6 +133,14 @@ class ClassArchive:
         """Whether no process trains now, and no training failed within :data:`RETRY_AFTER_S`."""
         return _age_s(self._failed_marker()) >= RETRY_AFTER_S and not self.training_elsewhere()
 
+    def last_failure(self) -> str | None:
+        """Why the last training failed, if it did within :data:`RETRY_AFTER_S`."""
+        if _age_s(self._failed_marker()) >= RETRY_AFTER_S:
+            return None
+        with contextlib.suppress(OSError):
+            return self._failed_marker().read_text().strip()
+        return None
+
     def training_elsewhere(self) -> bool:
         """Whether a live process is training the archive."""
         return self._lock().exists() and not _stale(self._lock())
@@ -178,10 +188,16 @@ class ClassArchive:
         if written is None:
             return None
         command = [sys.executable, "-m", MODULE, "--write", str(written)]
+        # Its own temporary directory: the caller's may be a run's, removed while this runs
+        # in the background (the kit's Spark layer gives each pipeline run one).
+        scratch = written.with_suffix(".tmp")
+        scratch.mkdir()
+        environment = spark_temporary_files_in(scratch)
         try:
             trained = subprocess.run(
-                command, capture_output=True, text=True, timeout=TRAINING_TIMEOUT_S, check=False
-            )
+                command, capture_output=True, text=True, timeout=TRAINING_TIMEOUT_S,
+                check=False, env=environment, cwd=scratch,
+            )  # fmt: skip
             if trained.returncode != 0 or not written.is_file():
                 output = (trained.stdout + trained.stderr)[-2000:]
                 raise OSError(f"the training driver exited with {trained.returncode}: {output}")
@@ -206,6 +222,7 @@ class ClassArchive:
             written.unlink(missing_ok=True)
             return None
         finally:
+            shutil.rmtree(scratch, ignore_errors=True)
             self._lock().unlink(missing_ok=True)
         return archive
 
@@ -223,6 +240,8 @@ class ClassArchive:
             file.write(f"{os.getpid()}\n")
         for left in self.directory.glob(f"{self.key}.*.partial"):
             left.unlink(missing_ok=True)  # a training whose process died; we hold the lock
+        for left in self.directory.glob(f"{self.key}.*.tmp"):
+            shutil.rmtree(left, ignore_errors=True)
         _remove_files_of_removed_installations(self.directory)
         (self.directory / f"{self.key}.home").write_text(f"{self.spark_home}\n")
         return self.directory / f"{self.key}.{os.getpid()}.partial"
@@ -243,7 +262,9 @@ def _remove_files_of_removed_installations(directory: Path) -> None:
         with contextlib.suppress(OSError):
             if not Path(record.read_text().strip()).is_dir():
                 for left in directory.glob(f"{record.stem}[-.]*"):
-                    if left != record:
+                    if left.is_dir():
+                        shutil.rmtree(left)
+                    elif left != record:
                         left.unlink()
                 record.unlink()
 
@@ -324,49 +345,60 @@ def _train(written: Path) -> None:
         raise SystemExit(f"the training driver's JVM exited with {jvm.returncode}")
 
 
-def main(arguments: list[str]) -> int:
-    """``python -m laminar_sdk._spark.class_archive [--start]``: this installation's archive.
+def prepare(*, start: bool = False) -> int:
+    """``laminar spark-archive``: make this installation's archive, and say where it is.
 
-    Without ``--start``: make the archive unless it exists (waiting for a training that runs
-    already), and print where it is; CI runs it before its tests, so that every driver maps
-    it. With ``--start``: start that training in the background, and return at once (CI starts
-    it before the type check, which leaves a core idle).
-
-    ``--train SPARK_HOME`` is the background training itself (at the lowest priority), and
-    ``--write PATH`` its training driver.
+    Makes it unless it exists, waiting for a training that runs already; CI runs it before its
+    tests, so that every driver they start maps it. With ``start``, starts that training in
+    the background and returns at once (CI starts it before its type check, which leaves a
+    core idle). The exit status is 1 when no archive could be made.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
-    parser.add_argument("--start", action="store_true", help="train in the background")
-    parser.add_argument("--train", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--write", type=Path, help=argparse.SUPPRESS)
-    options = parser.parse_args(arguments)
-    if options.write is not None:
-        _train(options.write)
-        return 0
     directory = archive_directory()
     if directory is None:
-        print(f"{ARCHIVE_VARIABLE}=off: Spark's classes are not archived")
+        print(f"laminar: {ARCHIVE_VARIABLE}=off: Spark's classes are not archived")
         return 0
-    if options.train is not None:
-        os.nice(19)  # only the cores' idle time: the caller's driver goes first
-        ClassArchive(directory, options.train).train()
-        return 0
-    from pyspark.find_spark_home import _find_spark_home  # noqa: PLC0415
+    from pyspark.find_spark_home import _find_spark_home  # noqa: PLC0415 - pyspark only here
 
     archive = ClassArchive(directory, Path(_find_spark_home()))
     usable = archive.usable() if directory.is_dir() else None
-    if options.start:
+    if start:
         if usable is None and archive.may_train():
             archive.train_in_background()
+        print(f"laminar: Spark's class archive: {usable or 'training in the background'}")
         return 0
     if usable is None and archive.training_elsewhere():
-        print(f"waiting for the training of Spark's class archive in {directory} ...", flush=True)
+        print(f"laminar: waiting for the training of Spark's class archive in {directory}")
         usable = archive.wait_for_training()
-    if usable is None:
-        print(f"archiving Spark's classes in {directory} (about 30 s, once) ...", flush=True)
+    if usable is None and archive.last_failure() is None:
+        print(f"laminar: archiving Spark's classes in {directory} (about 30 s, once)", flush=True)
         usable = archive.train()
-    print(usable or "no archive: see the warning above")
-    return 0 if usable is not None else 1
+    if usable is None:
+        failure = archive.last_failure() or "see the warning above"
+        print(f"laminar: Spark's classes are not archived: {failure}", file=sys.stderr)
+        print(f"laminar: delete {archive.directory / (archive.key + '.failed')} to try again")
+        return 1
+    print(f"laminar: Spark's class archive: {usable}")
+    return 0
+
+
+def main(arguments: list[str]) -> int:
+    """``python -m laminar_sdk._spark.class_archive``: a training, started by this module.
+
+    ``--train SPARK_HOME`` is the background training (at the lowest priority), and ``--write
+    PATH`` its training driver.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
+    job = parser.add_mutually_exclusive_group(required=True)
+    job.add_argument("--train", type=Path, metavar="SPARK_HOME")
+    job.add_argument("--write", type=Path, metavar="PATH")
+    options = parser.parse_args(arguments)
+    directory = archive_directory()
+    if options.write is not None:
+        _train(options.write)
+    elif directory is not None:
+        os.nice(19)  # only the cores' idle time: the caller's driver goes first
+        ClassArchive(directory, options.train).train()
+    return 0
 
 
 if __name__ == "__main__":

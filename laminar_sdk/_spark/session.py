@@ -31,9 +31,11 @@ def build_session(master: str = "local[2]", app_name: str = "laminar", **conf: s
     The web UI is off and shuffles use few partitions (:data:`DEFAULT_CONF`).
 
     A driver it starts maps an archive of Spark's classes, and starts in about half the CPU
-    time. When the archive of this Java and Spark installation does not exist yet, a short
-    training driver writes it first (about 15 s, once). ``LAMINAR_SPARK_CLASS_ARCHIVE=off``
-    turns this off; see :mod:`laminar_sdk._spark.class_archive`.
+    time. When the archive of this Java and Spark installation does not exist yet, this driver
+    starts without it and a training driver writes it in the background (about 30 s of one
+    core, once; ``laminar spark-archive`` does it in the foreground).
+    ``LAMINAR_SPARK_CLASS_ARCHIVE=off`` turns this off (docs/pipelines.md, "Drivers that start
+    in half the time").
 
     :param master: the Spark master URL, ``local[2]`` by default.
     :param app_name: the application's name.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pyspark.find_spark_home import _find_spark_home
 
 from laminar_sdk._spark import class_archive
 from laminar_sdk._spark.class_archive import (
@@ -19,6 +21,7 @@ from laminar_sdk._spark.class_archive import (
     driver_archive_option,
     installation_key,
 )
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 
 @pytest.fixture
@@ -159,26 +162,60 @@ def test_a_driver_trains_the_archive_in_the_background_and_the_next_maps_it(
     tmp_path: Path,
 ) -> None:
     # In children: this process's driver may be running already.
-    environment = {**os.environ, ARCHIVE_VARIABLE: str(tmp_path)}
+    archives = tmp_path / "archives"
+    callers_temporary = tmp_path / "callers-tmp"
+    callers_temporary.mkdir()
 
-    def driver() -> subprocess.CompletedProcess[str]:
+    def driver(environment: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        environment = {**environment, ARCHIVE_VARIABLE: str(archives)}
         return subprocess.run(
             [sys.executable, "-c", MAPPED_ARCHIVES], capture_output=True, text=True,
             env=environment, timeout=300, check=False,
         )  # fmt: skip
 
-    first = driver()
+    first = driver(spark_temporary_files_in(callers_temporary))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "mapped: []" in first.stdout, "the first driver does not wait for the training"
+    # The training outlives its caller, and its caller's temporary directory (as the kit's
+    # Spark layer removes each run's).
+    shutil.rmtree(callers_temporary)
     deadline = time.monotonic() + class_archive.TRAINING_TIMEOUT_S
-    while list(tmp_path.glob("*.training")) and time.monotonic() < deadline:
+    while list(archives.glob("*.training")) and time.monotonic() < deadline:
         time.sleep(1)
-    archives = list(tmp_path.glob("*.jsa"))
-    assert len(archives) == 1, sorted(tmp_path.iterdir())
-    assert archives[0].name.endswith(f"-{archives[0].stat().st_size}.jsa")
-    assert not list(tmp_path.glob("*.partial")) + list(tmp_path.glob("*.failed"))
+    made = list(archives.glob("*.jsa"))
+    assert len(made) == 1, [(path.name, path.read_text()) for path in archives.glob("*.failed")]
+    assert made[0].name.endswith(f"-{made[0].stat().st_size}.jsa")
+    assert sorted(path.suffix for path in archives.iterdir()) == [".home", ".jsa"], "no leftovers"
 
-    second = driver()
+    second = driver(dict(os.environ))
     assert second.returncode == 0, second.stderr[-3000:]
-    assert f"mapped: ['{archives[0]}']" in second.stdout, second.stdout
+    assert f"mapped: ['{made[0]}']" in second.stdout, second.stdout
     assert "Skipping" not in second.stdout + second.stderr, "the JVM's class-sharing log is off"
+
+
+def laminar_spark_archive(directory: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, ARCHIVE_VARIABLE: directory}
+    return subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", "spark-archive", *arguments],
+        capture_output=True, text=True, env=environment, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_the_command_prints_the_archive_or_why_there_is_none(tmp_path: Path) -> None:
+    archive = ClassArchive(tmp_path, Path(_find_spark_home()))
+    whole = tmp_path / f"{archive.key}-3.jsa"
+    whole.write_bytes(b"abc")
+    made = laminar_spark_archive(str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    assert made.stdout == f"laminar: Spark's class archive: {whole}\n"
+    whole.unlink()
+    (tmp_path / f"{archive.key}.failed").write_text("the training driver exited with 1: no Java")
+    failed = laminar_spark_archive(str(tmp_path))
+    assert failed.returncode == 1
+    assert "Spark's classes are not archived: the training driver exited with 1: no Java" in (
+        failed.stderr
+    )
+    assert f"delete {tmp_path / f'{archive.key}.failed'} to try again" in failed.stdout
+    off = laminar_spark_archive("off", "--start")
+    assert off.returncode == 0
+    assert off.stdout == f"laminar: {ARCHIVE_VARIABLE}=off: Spark's classes are not archived\n"
