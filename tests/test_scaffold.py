@@ -18,6 +18,7 @@ import pytest
 
 from laminar_sdk._cli import main
 from laminar_sdk._scaffold import PluginNames
+from laminar_sdk._spark.class_archive import ARCHIVE_VARIABLE
 
 NAME = "acme"
 PACKAGE = "laminar_plugin_acme"
@@ -427,10 +428,13 @@ def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     project = generated(tmp_path, NAME)
     clean = {name: os.environ[name] for name in KEPT_VARIABLES if name in os.environ}
     # The sink's role only: both roles' Spark layers would double the time for the same proof
-    # (the kit's source-side Spark layer: tests/conformance/test_spark_layer.py).
+    # (the kit's source-side Spark layer: tests/conformance/test_spark_layer.py). No class
+    # archive: it would be trained for this throw-away environment's Spark, and removed with it
+    # (the archive's own tests: tests/spark/test_class_archive.py).
+    environment = {**clean, "LAMINAR_WHEELHOUSE": str(laminar_wheelhouse)}
     run = tool(
         "tox", "--", "--seed", SEED, "--role", "sink",
-        cwd=project, env={**clean, "LAMINAR_WHEELHOUSE": str(laminar_wheelhouse)},
+        cwd=project, env={**environment, ARCHIVE_VARIABLE: "off"},
     )  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]

@@ -166,14 +166,12 @@ class ClassArchive:
             self.directory,
             ARCHIVE_VARIABLE,
         )
-        subprocess.Popen(
-            command,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # not killed with the caller's process group
-        )
+        # A shell starts it in the background and returns at once: the training is nobody's
+        # child here, so it is never reaped late (a zombie) nor collected running (Python's
+        # ResourceWarning), and it outlives this process.
+        detach = 'nice -n 19 "$@" < /dev/null > /dev/null 2>&1 &'
+        shell = ["/bin/sh", "-c", detach, "sh", *command]
+        subprocess.run(shell, env=environment, check=True, start_new_session=True)
 
     def train(self) -> Path | None:
         """Run a training driver that writes the archive, and wait: the archive, or ``None``.
@@ -384,8 +382,8 @@ def prepare(*, start: bool = False) -> int:
 def main(arguments: list[str]) -> int:
     """``python -m laminar_sdk._spark.class_archive``: a training, started by this module.
 
-    ``--train SPARK_HOME`` is the background training (at the lowest priority), and ``--write
-    PATH`` its training driver.
+    ``--train SPARK_HOME`` is the background training (started at the lowest priority), and
+    ``--write PATH`` its training driver.
     """
     parser = argparse.ArgumentParser(prog=f"python -m {MODULE}")
     job = parser.add_mutually_exclusive_group(required=True)
@@ -396,7 +394,6 @@ def main(arguments: list[str]) -> int:
     if options.write is not None:
         _train(options.write)
     elif directory is not None:
-        os.nice(19)  # only the cores' idle time: the caller's driver goes first
         ClassArchive(directory, options.train).train()
     return 0
 

@@ -158,6 +158,27 @@ archives it maps (the JDK's own archive is mapped by every JVM)."""
 
 
 @pytest.mark.spark
+def test_the_command_makes_the_archive_that_the_next_driver_maps() -> None:
+    # This installation's archive, where every driver finds it (CI's tox made it already).
+    environment = {**os.environ}
+    environment.pop(ARCHIVE_VARIABLE, None)
+    made = subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", "spark-archive"], capture_output=True, text=True,
+        env=environment, timeout=600, check=False,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    archive = made.stdout.splitlines()[-1].removeprefix("laminar: Spark's class archive: ")
+    driver = subprocess.run(
+        [sys.executable, "-c", MAPPED_ARCHIVES], capture_output=True, text=True,
+        env={**environment, ARCHIVE_VARIABLE: str(Path(archive).parent)}, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    assert f"mapped: ['{archive}']" in driver.stdout, driver.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.full  # nightly: a training from nothing takes a core for 30 s
 def test_a_driver_trains_the_archive_in_the_background_and_the_next_maps_it(
     tmp_path: Path,
 ) -> None:
