@@ -308,7 +308,10 @@ def driver_archive_option(spark_home: Path, java_options: str) -> str | None:
     if usable is not None:
         return f'-XX:SharedArchiveFile="{usable}" {QUIET}'
     if archive.may_train():
-        archive.train_in_background()
+        try:
+            archive.train_in_background()
+        except (OSError, subprocess.CalledProcessError) as error:
+            logger.warning("Spark's classes are not archived (drivers start as usual): %s", error)
     return None
 
 

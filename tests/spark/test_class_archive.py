@@ -118,6 +118,22 @@ def test_the_callers_own_class_sharing_options_or_off_turn_it_off(
     assert driver_archive_option(spark_home, "") is None
 
 
+def test_a_training_that_cannot_start_leaves_the_driver_to_start_as_usual(
+    archive: ClassArchive,
+    spark_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def no_shell(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/bin/sh")
+
+    monkeypatch.setenv(ARCHIVE_VARIABLE, str(archive.directory))
+    monkeypatch.setattr(class_archive.subprocess, "run", no_shell)
+    with caplog.at_level(logging.WARNING, logger="laminar_sdk.spark"):
+        assert driver_archive_option(spark_home, "") is None
+    assert "Spark's classes are not archived (drivers start as usual): " in caplog.text
+
+
 def test_the_archives_of_removed_installations_are_removed_by_the_next_training(
     tmp_path: Path, archive: ClassArchive
 ) -> None:
