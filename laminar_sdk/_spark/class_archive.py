@@ -131,14 +131,14 @@ class ClassArchive:
 
     def may_train(self) -> bool:
         """Whether no process trains now, and no training failed within :data:`RETRY_AFTER_S`."""
-        return _age_s(self._failed_marker()) >= RETRY_AFTER_S and not self.training_elsewhere()
+        return _age_s(self.failed_marker()) >= RETRY_AFTER_S and not self.training_elsewhere()
 
     def last_failure(self) -> str | None:
         """Why the last training failed, if it did within :data:`RETRY_AFTER_S`."""
-        if _age_s(self._failed_marker()) >= RETRY_AFTER_S:
+        if _age_s(self.failed_marker()) >= RETRY_AFTER_S:
             return None
         with contextlib.suppress(OSError):
-            return self._failed_marker().read_text().strip()
+            return self.failed_marker().read_text().strip()
         return None
 
     def training_elsewhere(self) -> bool:
@@ -180,7 +180,7 @@ class ClassArchive:
         less than :data:`RETRY_AFTER_S` ago (one that ran out of time did not fail: the next
         driver tries again).
         """
-        if _age_s(self._failed_marker()) < RETRY_AFTER_S:
+        if _age_s(self.failed_marker()) < RETRY_AFTER_S:
             return None
         written = self._claim()
         if written is None:
@@ -213,10 +213,10 @@ class ClassArchive:
             logger.warning(
                 "Spark's classes were not archived (drivers start as usual; the next try is in "
                 "a day, or delete %s): %s",
-                self._failed_marker(),
+                self.failed_marker(),
                 error,
             )
-            self._failed_marker().write_text(f"{error}\n")
+            self.failed_marker().write_text(f"{error}\n")
             written.unlink(missing_ok=True)
             return None
         finally:
@@ -247,7 +247,8 @@ class ClassArchive:
     def _lock(self) -> Path:
         return self.directory / f"{self.key}.training"
 
-    def _failed_marker(self) -> Path:
+    def failed_marker(self) -> Path:
+        """The file that records why the last training failed."""
         return self.directory / f"{self.key}.failed"
 
 
@@ -317,18 +318,14 @@ def driver_archive_option(spark_home: Path, java_options: str) -> str | None:
 
 def _train(written: Path) -> None:
     """The training driver: a batch and a streaming query, then the JVM exits and writes."""
-    # Imported here: the module is imported by every build_session, the training alone runs.
+    # Imported here: session imports this module, and the training alone needs these.
     from pyspark import SparkContext  # noqa: PLC0415
-    from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from laminar_sdk._spark.session import DRIVER_JAVA_OPTIONS, build_session  # noqa: PLC0415
+
+    # An option about class sharing of the caller's own: build_session adds none of its own.
     options = f'-XX:ArchiveClassesAtExit="{written}" {QUIET}'
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.extraJavaOptions", options)
-        .getOrCreate()
-    )
+    spark = build_session(**{DRIVER_JAVA_OPTIONS: options})
     spark.range(1000).selectExpr("sum(id)").collect()
     stream = spark.readStream.format("laminar").option("connector", "generator")
     query = (
@@ -376,7 +373,7 @@ def prepare(*, start: bool = False) -> int:
     if usable is None:
         failure = archive.last_failure() or "see the warning above"
         print(f"laminar: Spark's classes are not archived: {failure}", file=sys.stderr)
-        print(f"laminar: delete {archive.directory / (archive.key + '.failed')} to try again")
+        print(f"laminar: delete {archive.failed_marker()} to try again")
         return 1
     print(f"laminar: Spark's class archive: {usable}")
     return 0
