@@ -7,8 +7,13 @@ directory holding it is fsynced afterwards so the new name itself survives a pow
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
+
+_COPY_CHUNK_BYTES = 1 << 20
+"""How much of a file :func:`write_file_atomically` copies at a time."""
 
 
 def fsync_path(path: Path) -> None:
@@ -38,8 +43,12 @@ def make_dirs(path: Path) -> None:
         raise NotADirectoryError(f"{path} exists and is not a directory")
 
 
-def write_file_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``: readers see the old content or the new, never a mix."""
+def write_file_atomically(path: Path, data: bytes | BinaryIO) -> None:
+    """Replace ``path`` with ``data``: readers see the old content or the new, never a mix.
+
+    :param data: the bytes, or a binary file whose content from its current position on is
+        copied, a chunk at a time (memory does not grow with its size).
+    """
     temporary = _durable_temporary(path.parent, data)
     try:
         os.replace(temporary, path)
@@ -66,11 +75,14 @@ def create_file_atomically(path: Path, data: bytes) -> bool:
     return True
 
 
-def _durable_temporary(directory: Path, data: bytes) -> Path:
+def _durable_temporary(directory: Path, data: bytes | BinaryIO) -> Path:
     descriptor, name = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
+            if isinstance(data, bytes | bytearray | memoryview):
+                file.write(data)
+            else:
+                shutil.copyfileobj(data, file, _COPY_CHUNK_BYTES)
             file.flush()
             os.fsync(file.fileno())
     except BaseException:

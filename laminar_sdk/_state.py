@@ -11,8 +11,10 @@ So the runtime hands a connector a :class:`StateStore` of its own through
 
 from __future__ import annotations
 
+import asyncio
 import re
 from abc import ABC, abstractmethod
+from typing import BinaryIO
 
 from laminar_sdk._errors import CheckpointError
 
@@ -48,6 +50,18 @@ class StateStore(ABC):
 
         :raises CheckpointError: when the store cannot write, or ``name`` is not allowed.
         """
+
+    async def put_file(self, name: str, file: BinaryIO) -> None:
+        """Store the content of ``file``, from its current position on, under ``name``.
+
+        Atomically and durably, replacing what was there, as :meth:`put` does; for content too
+        large to hold in memory (a spool file a connector wrote as it went). The runtime's
+        stores stream it: a file system store copies it a chunk at a time, an object store
+        uploads it in parts. This default reads it whole and calls :meth:`put`.
+
+        :raises CheckpointError: when the store cannot write, or ``name`` is not allowed.
+        """
+        await self.put(name, await asyncio.to_thread(file.read))
 
     @abstractmethod
     async def get(self, name: str) -> bytes | None:

@@ -8,8 +8,10 @@ never moves backwards, and sha256 checks on load.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from abc import abstractmethod
+from typing import BinaryIO
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import (
@@ -59,6 +61,13 @@ class BlobCheckpointer(Checkpointer):
     @abstractmethod
     async def _write(self, path: str, data: bytes) -> None:
         """Store ``data`` at ``path`` durably and atomically, replacing what is there."""
+
+    async def _write_file(self, path: str, file: BinaryIO) -> None:
+        """Like :meth:`_write`, with the content of ``file`` from its current position on.
+
+        This default reads it whole; a backend that can stream it overrides this.
+        """
+        await self._write(path, await asyncio.to_thread(file.read))
 
     @abstractmethod
     async def _write_if(self, path: str, data: bytes, expected: object | None) -> None:
@@ -309,6 +318,9 @@ class _BlobStateStore(StateStore):
 
     async def put(self, name: str, data: bytes) -> None:
         await self._blobs._write(self._path(name), bytes(data))
+
+    async def put_file(self, name: str, file: BinaryIO) -> None:
+        await self._blobs._write_file(self._path(name), file)
 
     async def get(self, name: str) -> bytes | None:
         try:

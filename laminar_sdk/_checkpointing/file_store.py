@@ -16,6 +16,7 @@ import fcntl
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from laminar_sdk._checkpointing.blob import BlobCheckpointer, PreconditionFailed
 from laminar_sdk._checkpointing.errors import CheckpointNotFound
@@ -74,6 +75,9 @@ class FileCheckpointer(BlobCheckpointer):
     async def _write(self, path: str, data: bytes) -> None:
         await asyncio.to_thread(self._replace_sync, path, data)
 
+    async def _write_file(self, path: str, file: BinaryIO) -> None:
+        await asyncio.to_thread(self._replace_sync, path, file)
+
     async def _write_if(self, path: str, data: bytes, expected: object | None) -> None:
         await asyncio.to_thread(self._write_if_sync, path, data, expected)
 
@@ -113,7 +117,7 @@ class FileCheckpointer(BlobCheckpointer):
         except OSError as error:
             raise self._io_error("write", target, error) from error
 
-    def _replace_sync(self, path: str, data: bytes) -> None:
+    def _replace_sync(self, path: str, data: bytes | BinaryIO) -> None:
         target = self._file(path)
         try:
             make_dirs(target.parent)

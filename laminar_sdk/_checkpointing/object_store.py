@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO
 
 from laminar_sdk._checkpointing.blob import BlobCheckpointer, PreconditionFailed
 from laminar_sdk._checkpointing.checkpointer import display_location
@@ -138,6 +138,11 @@ class ObjectStoreCheckpointer(BlobCheckpointer):
     async def _write(self, path: str, data: bytes) -> None:
         await self._put(path, data, "overwrite")
 
+    async def _write_file(self, path: str, file: BinaryIO) -> None:
+        # obstore reads the file in chunks and uploads a large one in parts; the object
+        # appears only when the upload completes.
+        await self._put(path, file, "overwrite")
+
     async def _write_if(self, path: str, data: bytes, expected: object | None) -> None:
         mode: Any = "create" if expected is None else expected
         try:
@@ -146,7 +151,7 @@ class ObjectStoreCheckpointer(BlobCheckpointer):
             # FileNotFoundError: an If-Match update of an object deleted meanwhile.
             raise PreconditionFailed(path) from error
 
-    async def _put(self, path: str, data: bytes, mode: Any) -> None:  # noqa: ANN401 - obstore's PutMode
+    async def _put(self, path: str, data: bytes | BinaryIO, mode: Any) -> None:  # noqa: ANN401 - obstore's PutMode
         try:
             await obstore.put_async(self._store, path, data, mode=mode)
         except (AlreadyExistsError, PreconditionError, FileNotFoundError):

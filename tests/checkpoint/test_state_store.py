@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import os
 import pickle
 from pathlib import Path
 
@@ -18,6 +20,10 @@ from laminar_sdk import (
     StateStore,
     open_checkpointer,
 )
+from laminar_sdk._checkpointing.memory_store import MemoryCheckpointer
+
+LARGE = os.urandom(12 * 1024 * 1024 + 17)
+"""Larger than a file store's copy chunk and an object store's upload part (5 MiB)."""
 
 
 async def exercise(store: StateStore) -> dict[str, object]:
@@ -34,6 +40,10 @@ async def exercise(store: StateStore) -> dict[str, object]:
     await store.delete("t1/epoch-2.arrow")
     await store.delete("t1/epoch-2.arrow")  # missing: not an error
     found["after delete"] = await store.names("t1/")
+    spool = io.BytesIO(b"header" + LARGE)
+    spool.seek(len(b"header"))  # what is stored starts at the file's position
+    await store.put_file("t3/epoch-1.arrow", spool)
+    found["from a file"] = await store.get("t3/epoch-1.arrow") == LARGE
     return found
 
 
@@ -43,7 +53,20 @@ EXPECTED = {
     "get": b"one again",
     "missing": None,
     "after delete": ["t1/epoch-1.arrow"],
+    "from a file": True,
 }
+
+
+class ReadSizes(io.BytesIO):
+    """A file that remembers how much each ``read`` asked for (``-1``: everything)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.asked: list[int] = []
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.asked.append(-1 if size is None else size)
+        return super().read(size)
 
 
 def test_a_file_store_keeps_each_connectors_state_apart_from_its_checkpoints(
@@ -61,6 +84,46 @@ def test_a_file_store_keeps_each_connectors_state_apart_from_its_checkpoints(
     assert asyncio.run(checkpoints.list_artifacts()) == [], "state is no checkpoint's artifact"
     (tmp_path / "state" / "sink.kafka" / "t1" / ".tmp-leftover").write_bytes(b"x")
     assert asyncio.run(store.names("t1/")) == ["t1/epoch-1.arrow"], "no write's leftovers"
+
+
+def test_a_file_store_copies_a_file_into_its_state_a_chunk_at_a_time(tmp_path: Path) -> None:
+    store = FileCheckpointer(str(tmp_path)).state_store("sink.kafka")
+    spool = ReadSizes(LARGE)
+
+    asyncio.run(store.put_file("t1/epoch-1.arrow", spool))
+
+    assert (tmp_path / "state" / "sink.kafka" / "t1" / "epoch-1.arrow").read_bytes() == LARGE
+    assert -1 not in spool.asked, "the whole file was read into memory"
+    assert max(spool.asked) < len(LARGE)
+
+
+def test_a_memory_store_and_a_third_party_state_store_take_a_file_whole() -> None:
+    class Dictionary(StateStore):
+        def __init__(self) -> None:
+            self.blobs: dict[str, bytes] = {}
+
+        location = "a dictionary"
+
+        async def put(self, name: str, data: bytes) -> None:
+            self.blobs[name] = data
+
+        async def get(self, name: str) -> bytes | None:
+            return self.blobs.get(name)
+
+        async def delete(self, name: str) -> None:
+            self.blobs.pop(name, None)
+
+        async def names(self, prefix: str = "") -> list[str]:
+            return sorted(name for name in self.blobs if name.startswith(prefix))
+
+    checkpoints = MemoryCheckpointer("memory://put-file")
+    memory = checkpoints.state_store("sink.kafka")
+    assert memory is not None
+    try:
+        assert asyncio.run(exercise(memory)) == EXPECTED
+    finally:
+        checkpoints.discard()
+    assert asyncio.run(exercise(Dictionary())) == EXPECTED
 
 
 def test_an_object_store_keeps_state_too(s3_endpoint: S3Endpoint) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import re
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import BinaryIO
 
 from laminar_sdk import (
     CheckpointError,
@@ -41,8 +42,10 @@ class EpochStaging(ABC):
         """Where the staged copy of ``epoch`` is, for messages."""
 
     @abstractmethod
-    async def save(self, epoch: int, data: bytes) -> None:
-        """Keep ``data`` as the staged copy of ``epoch``, complete and durable.
+    async def save(self, epoch: int, file: BinaryIO) -> None:
+        """Keep what ``file`` holds from its position on as ``epoch``'s staged copy, durably.
+
+        Streamed, a chunk at a time: an epoch never has to fit in memory.
 
         :raises OSError: or :class:`CheckpointError` when it cannot be written.
         """
@@ -76,12 +79,12 @@ class DirectoryStaging(EpochStaging):
     def where(self, epoch: int) -> str:
         return str(self._path(epoch))
 
-    async def save(self, epoch: int, data: bytes) -> None:
+    async def save(self, epoch: int, file: BinaryIO) -> None:
         path = self._path(epoch)
 
         def write() -> None:
             make_dirs(path.parent)
-            write_file_atomically(path, data)
+            write_file_atomically(path, file)
 
         await asyncio.to_thread(write)
 
@@ -121,8 +124,8 @@ class StoreStaging(EpochStaging):
     def where(self, epoch: int) -> str:
         return f"{self._store.location}/{self.name(epoch)}"
 
-    async def save(self, epoch: int, data: bytes) -> None:
-        await self._store.put(self.name(epoch), data)
+    async def save(self, epoch: int, file: BinaryIO) -> None:
+        await self._store.put_file(self.name(epoch), file)
 
     async def load(self, epoch: int) -> bytes | None:
         return await self._store.get(self.name(epoch))

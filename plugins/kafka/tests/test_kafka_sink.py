@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import tempfile
 import threading
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from laminar_sdk import (
     SinkConnector,
     SinkConnectorCapabilities,
     TransactionError,
+    WriteError,
 )
 
 from laminar_plugin_kafka import _sink
@@ -106,6 +108,28 @@ def test_a_rolled_back_epoch_leaves_no_trace(kafka, registry, tmp_path):
     asyncio.run(scenario())
     assert kafka.committed_ids(topic) == [1, 3]
     assert staged_files(tmp_path) == []
+
+
+def test_an_epoch_without_room_for_its_spooled_copy_says_where_and_leaves_no_transaction_open(
+    kafka, registry, tmp_path, monkeypatch
+):
+    topic = kafka.topic()
+    missing = tmp_path / "no-such-temporary-directory"
+
+    async def scenario():
+        sink = await open_sink(registry, sink_config(kafka, topic, tmp_path))
+        try:
+            monkeypatch.setattr(tempfile, "tempdir", str(missing))
+            with pytest.raises(WriteError, match=f"spool epoch 0.*{missing}.*TMPDIR"):
+                await sink.begin_epoch(0)
+            await sink.rollback_epoch(0)  # what the runtime does after a failed begin_epoch
+            monkeypatch.undo()
+            await write_epoch(sink, 0, [1])  # no transaction was left open
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+    assert kafka.committed_ids(topic) == [1]
 
 
 @pytest.mark.parametrize("staging", ["staging.dir", "state store"])
