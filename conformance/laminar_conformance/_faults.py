@@ -4,19 +4,25 @@ The points inside a call are the ones its author marked with :func:`laminar_sdk.
 and the ones the kit finds by itself: while a sink call runs, every C-level call that makes
 something durable — a SQLite ``commit`` (or the end of ``with connection``), an ``fsync``, a
 ``rename`` or ``replace`` — is a point just before it (named ``sqlite3.Connection.commit#2``:
-its second such call in the call).
+its second such call in the call). The kit watches the thread that makes the call and the
+threads of the event loop's default executor (:func:`with_watched_threads`), where
+``asyncio.to_thread`` and ``run_in_executor(None, ...)`` run the blocking I/O of async code.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import enum
+import functools
 import sys
+import threading
 import types
 from collections import Counter
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import pyarrow as pa
 
@@ -56,6 +62,62 @@ def _durable_call(function: object) -> str | None:
         return None
     owner_name = "" if isinstance(owner, types.ModuleType) else f"{type(owner).__name__}."
     return f"{module}.{owner_name}{name}"
+
+
+T = TypeVar("T")
+
+_WATCHERS: list[Callable[[object], None]] = []
+"""What the innermost block of :meth:`FaultPlan.inside` now running does with a C call made
+in a watched executor thread (none outside such a block)."""
+
+
+def _profile_watched_thread(frame: types.FrameType, event: str, function: object) -> None:
+    del frame
+    if event == "c_call" and _WATCHERS:
+        _WATCHERS[-1](function)
+
+
+def _run_watched(job: list[Callable[[], T]]) -> T:
+    # The job is taken out of the list the thread pool's work item holds, so that once the
+    # call is over no reference to it (and to the sink behind it) is left in this thread.
+    function = job.pop()
+    if not _WATCHERS:  # submitted outside a sink call: nothing to watch for
+        return function()
+    previous = sys.getprofile()
+    sys.setprofile(_profile_watched_thread)
+    try:
+        return function()
+    except SimulatedCrash as crash:
+        # The process "died" here. The futures holding the crash outlive the call, and the
+        # loop may go on before this thread is done: neither may keep the crashed instance
+        # alive (an open database connection would go on holding its locks, which a killed
+        # process releases), so the crash leaves without this call's frames.
+        del function
+        raise crash.with_traceback(None) from None
+    finally:
+        sys.setprofile(previous)
+
+
+class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool whose work :meth:`FaultPlan.inside` watches as it does the calling thread."""
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: object, **kwargs: object
+    ) -> concurrent.futures.Future[T]:
+        job: list[Callable[[], T]] = [functools.partial(fn, *args, **kwargs)]
+        return super().submit(_run_watched, job)
+
+
+async def with_watched_threads(scenario: Awaitable[T]) -> T:
+    """Await ``scenario`` with the running loop's executor threads watched for crash points.
+
+    Run every scenario of sink calls so, before the loop runs any: a sink that does its
+    durable I/O in ``asyncio.to_thread`` (the loop's default executor) then has its crash
+    points found and fired there, as in the thread that made the call.
+    """
+    executor = _WatchedExecutor(thread_name_prefix="laminar-conformance")
+    asyncio.get_running_loop().set_default_executor(executor)
+    return await scenario
 
 
 class Fault(enum.Enum):
@@ -205,6 +267,7 @@ class FaultPlan:
         C call that makes something durable (see the module).
         """
         durable_calls: Counter[str] = Counter()
+        counting = threading.Lock()  # the calling thread and executor threads may count at once
 
         def reached(name: str) -> None:
             where = f"{INSIDE}{call}: {name}"
@@ -213,22 +276,28 @@ class FaultPlan:
                 self.record(call, epoch, f"crash {where}")
                 self.crash(f"injected crash {where} of epoch {epoch}")
 
-        def profile(frame: types.FrameType, event: str, function: object) -> None:
-            del frame
-            if event != "c_call":
-                return
+        def on_c_call(function: object) -> None:
             name = _durable_call(function)
             if name is not None:
-                durable_calls[name] += 1
-                reached(f"{name}#{durable_calls[name]}")
+                with counting:
+                    durable_calls[name] += 1
+                    count = durable_calls[name]
+                reached(f"{name}#{count}")
+
+        def profile(frame: types.FrameType, event: str, function: object) -> None:
+            del frame
+            if event == "c_call":
+                on_c_call(function)
 
         previous = sys.getprofile()
         sys.setprofile(profile)
+        _WATCHERS.append(on_c_call)
         try:
             with injecting_crash_points(reached):
                 yield
         finally:
             sys.setprofile(previous)
+            _WATCHERS.remove(on_c_call)
 
     def __len__(self) -> int:
         """How many faults are still to fire."""

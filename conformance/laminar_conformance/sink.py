@@ -59,6 +59,7 @@ from laminar_conformance._faults import (
     InjectedFault,
     every_distributed_fault_point,
     every_fault_point,
+    with_watched_threads,
 )
 from laminar_conformance._figures import Figures
 from laminar_conformance._kill import KILL_STEPS, kill_in_child
@@ -196,7 +197,7 @@ class _Session:
     def run(self, scenario: Coroutine[object, object, T]) -> T:
         """Run ``scenario``, then close the context."""
         try:
-            return asyncio.run(scenario)
+            return asyncio.run(with_watched_threads(scenario))
         finally:
             self.context.close()
 
@@ -608,8 +609,11 @@ async def _run_through_faults(
                 except InjectedFault:
                     continue  # rolled back by the coordinator: run the epoch again
                 epoch += 1
-        except SimulatedCrash:
+        except SimulatedCrash as crash:
             crashed = True  # the instance dies without close(); a new one recovers
+            # The finished tasks and futures the crash went through (a sink call in an
+            # executor thread, the coordinator's timeout) still hold it: not its frames.
+            crash.with_traceback(None)
         if crashed:
             restarts += 1
             # What a killed process held goes with it (database locks, connections): the

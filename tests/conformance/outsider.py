@@ -5,7 +5,8 @@ appended to by producers. ``outsider-queue`` reads it correctly; each ``outsider
 has one bug an author plausibly writes (``outsider-queue-blind-context`` has it in its test
 context, which fills one partition only). ``outsider-sqlite`` is an exactly-once SQLite sink
 that publishes an epoch's rows and records the epoch in one transaction;
-``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch``, unmarked.
+``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch`` (in a worker
+thread), unmarked.
 ``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
 ``outsider-jsonl-buffered-pre-commit`` returns from ``pre_commit`` with the rows still in the
 file's buffer. Four more pass every in-process check of the epoch protocol and break only on
@@ -19,6 +20,7 @@ nothing from the kit.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -310,7 +312,7 @@ class SqliteSink(SinkConnector):
         path = config.properties.get("path")
         if not path:
             raise ConfigurationError("sqlite sink: set `path` to the database file", key="path")
-        self.db = sqlite3.connect(path)
+        self.db = sqlite3.connect(path, check_same_thread=False)
         self.db.executescript(
             "CREATE TABLE IF NOT EXISTS rows (id INTEGER);"
             "CREATE TABLE IF NOT EXISTS staged (epoch INTEGER, id INTEGER);"
@@ -370,9 +372,15 @@ class SqliteSink(SinkConnector):
 
 
 class SqliteSinkMarkerApart(SqliteSink):
-    """Publishes the rows in one transaction and records the epoch in a second one."""
+    """Publishes the rows in one transaction and records the epoch in a second one.
+
+    In a worker thread, as async code runs blocking I/O: the kit must find the commits there.
+    """
 
     async def commit_epoch(self, epoch: int) -> None:
+        await asyncio.to_thread(self._publish, epoch)
+
+    def _publish(self, epoch: int) -> None:
         if self.committed(epoch):
             return
         db = self.connection()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import sys
 
 import pytest
-from laminar_conformance._faults import Fault, FaultPlan, FaultPoint
+from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
 
 from laminar_sdk import SimulatedCrash, crash_point, injecting_crash_points
 
@@ -71,4 +72,39 @@ def test_the_profile_hook_is_removed_after_a_crash(tmp_path):
     plan = FaultPlan([FaultPoint("inside pre_commit: first-committed", Fault.CRASH_BEFORE, 0)])
     with pytest.raises(SimulatedCrash), plan.inside("pre_commit", 0):
         publish(tmp_path / "a.db")
+    assert sys.getprofile() is None
+
+
+def test_durable_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
+    plan = FaultPlan([])
+
+    async def commit_epoch_in_a_thread() -> None:
+        with plan.inside("commit_epoch", 4):
+            await asyncio.to_thread(publish, tmp_path / "a.db")
+
+    asyncio.run(with_watched_threads(commit_epoch_in_a_thread()))
+    assert sorted(plan.reached_inside) == [
+        "inside commit_epoch: first-committed",
+        "inside commit_epoch: posix.replace#1",
+        "inside commit_epoch: sqlite3.Connection.__exit__#1",
+        "inside commit_epoch: sqlite3.Connection.commit#1",
+        "inside commit_epoch: sqlite3.Connection.commit#2",
+    ]
+
+
+def test_a_planned_crash_fires_in_an_executor_thread_and_later_calls_are_still_watched(tmp_path):
+    path = tmp_path / "a.db"
+    point = "sqlite3.Connection.commit#2"
+    plan = FaultPlan([FaultPoint(f"inside commit_epoch: {point}", Fault.CRASH_BEFORE, 4)])
+
+    async def crash_then_commit_again() -> None:
+        with pytest.raises(SimulatedCrash, match=point), plan.inside("commit_epoch", 4):
+            await asyncio.to_thread(publish, path)
+        with plan.inside("commit_epoch", 5):  # the recovered instance
+            await asyncio.to_thread(publish, tmp_path / "b.db")
+
+    asyncio.run(with_watched_threads(crash_then_commit_again()))
+    assert [row[0] for row in sqlite3.connect(path).execute("SELECT x FROM t")] == [1]
+    assert not path.with_suffix(".done").exists()
+    assert plan.reached_inside[f"inside commit_epoch: {point}"] == {4, 5}
     assert sys.getprofile() is None
