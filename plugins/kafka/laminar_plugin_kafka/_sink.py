@@ -67,6 +67,7 @@ from laminar_sdk import (
     TransactionError,
     WriteError,
     WriteResult,
+    crash_point,
 )
 from laminar_sdk.reference import Lifecycle
 
@@ -430,6 +431,7 @@ class KafkaSink(SinkConnector):
         # Flush and stage at once: one waits on the brokers, the other on the disk. A failed
         # flush leaves a staged copy behind, which rolling the epoch back discards.
         await _all_of(asyncio.to_thread(_flush, writer), _stage(writer, epoch, current.staged))
+        crash_point("epoch-staged")  # acknowledged and staged; the transaction still open
         current.staged = None
         current.phase = _Phase.PRE_COMMITTED
 
@@ -466,6 +468,7 @@ class KafkaSink(SinkConnector):
             # one opened), or aborted here: produce the staged copy in a new transaction.
             batches = await _staged_batches(writer, epoch)
             await asyncio.to_thread(_produce_staged, writer, epoch, batches)
+            crash_point("staged-copy-produced")
             writer.epoch = _OpenEpoch(epoch, _Phase.PRE_COMMITTED, in_transaction=True)
         try:
             committed = await asyncio.to_thread(_commit_transaction, writer, epoch)
@@ -479,6 +482,7 @@ class KafkaSink(SinkConnector):
                 f"{SINK_NAME}: the brokers aborted epoch {epoch}'s transaction at commit; "
                 "committing again produces its staged copy in a new transaction"
             )
+        crash_point("transaction-committed")  # the staged copy not yet discarded
         writer.last_committed = epoch
         self._epochs_committed += 1
         await writer.staged().discard(epoch)
