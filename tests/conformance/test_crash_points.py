@@ -41,17 +41,21 @@ def publish(path) -> None:
     os.replace(path, path.with_suffix(".done"))
 
 
+POINTS_OF_PUBLISH = [
+    "inside commit_epoch: first-committed",
+    "inside commit_epoch: posix.replace#1",
+    "inside commit_epoch: sqlite3.Connection.__exit__#1",
+    "inside commit_epoch: sqlite3.Connection.commit#1",
+    "inside commit_epoch: sqlite3.Connection.commit#2",
+]
+"""The points :func:`publish` reaches inside a ``commit_epoch``, sorted."""
+
+
 def test_a_clean_run_records_the_marked_points_and_the_durable_c_calls(tmp_path):
     plan = FaultPlan([])
     with plan.inside("commit_epoch", 4):
         publish(tmp_path / "a.db")
-    assert sorted(plan.reached_inside) == [
-        "inside commit_epoch: first-committed",
-        "inside commit_epoch: posix.replace#1",
-        "inside commit_epoch: sqlite3.Connection.__exit__#1",
-        "inside commit_epoch: sqlite3.Connection.commit#1",
-        "inside commit_epoch: sqlite3.Connection.commit#2",
-    ]
+    assert sorted(plan.reached_inside) == POINTS_OF_PUBLISH
     assert plan.reached_inside["inside commit_epoch: first-committed"] == {4}
 
 
@@ -83,13 +87,7 @@ def test_durable_calls_in_the_event_loops_executor_threads_are_points_too(tmp_pa
             await asyncio.to_thread(publish, tmp_path / "a.db")
 
     asyncio.run(with_watched_threads(commit_epoch_in_a_thread()))
-    assert sorted(plan.reached_inside) == [
-        "inside commit_epoch: first-committed",
-        "inside commit_epoch: posix.replace#1",
-        "inside commit_epoch: sqlite3.Connection.__exit__#1",
-        "inside commit_epoch: sqlite3.Connection.commit#1",
-        "inside commit_epoch: sqlite3.Connection.commit#2",
-    ]
+    assert sorted(plan.reached_inside) == POINTS_OF_PUBLISH
 
 
 def test_a_planned_crash_fires_in_an_executor_thread_and_later_calls_are_still_watched(tmp_path):
