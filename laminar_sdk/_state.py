@@ -12,6 +12,7 @@ So the runtime hands a connector a :class:`StateStore` of its own through
 from __future__ import annotations
 
 import asyncio
+import io
 import re
 from abc import ABC, abstractmethod
 from typing import BinaryIO
@@ -57,7 +58,9 @@ class StateStore(ABC):
         Atomically and durably, replacing what was there, as :meth:`put` does; for content too
         large to hold in memory (a spool file a connector wrote as it went). The runtime's
         stores stream it: a file system store copies it a chunk at a time, an object store
-        uploads it in parts. This default reads it whole and calls :meth:`put`.
+        uploads it in parts (a multipart upload; one a crash interrupts stays in the bucket,
+        invisible, until a lifecycle rule aborts it: give the bucket one). This default reads
+        it whole and calls :meth:`put`.
 
         :raises CheckpointError: when the store cannot write, or ``name`` is not allowed.
         """
@@ -66,6 +69,17 @@ class StateStore(ABC):
     @abstractmethod
     async def get(self, name: str) -> bytes | None:
         """The bytes stored under ``name``, or ``None`` when there are none."""
+
+    async def get_file(self, name: str) -> BinaryIO | None:
+        """What is stored under ``name``, as a binary file to read, or ``None`` when nothing is.
+
+        For content too large to hold in memory; close the file when done. The runtime's
+        stores stream it: a file system store opens the stored file, an object store
+        downloads it a chunk at a time into a temporary file (gone once closed). This default
+        reads it whole, with :meth:`get`.
+        """
+        data = await self.get(name)
+        return None if data is None else io.BytesIO(data)
 
     @abstractmethod
     async def delete(self, name: str) -> None:

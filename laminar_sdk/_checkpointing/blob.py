@@ -9,6 +9,7 @@ never moves backwards, and sha256 checks on load.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from abc import abstractmethod
 from typing import BinaryIO
@@ -61,6 +62,16 @@ class BlobCheckpointer(Checkpointer):
     @abstractmethod
     async def _write(self, path: str, data: bytes) -> None:
         """Store ``data`` at ``path`` durably and atomically, replacing what is there."""
+
+    async def _read_file(self, path: str) -> BinaryIO:
+        """The content of ``path``, as a binary file to read (the caller closes it).
+
+        This default reads it whole; a backend that can stream it overrides this.
+
+        :raises CheckpointNotFound: when nothing is stored at ``path``.
+        """
+        data, _ = await self._read(path)
+        return io.BytesIO(data)
 
     async def _write_file(self, path: str, file: BinaryIO) -> None:
         """Like :meth:`_write`, with the content of ``file`` from its current position on.
@@ -328,6 +339,12 @@ class _BlobStateStore(StateStore):
         except CheckpointNotFound:
             return None
         return data
+
+    async def get_file(self, name: str) -> BinaryIO | None:
+        try:
+            return await self._blobs._read_file(self._path(name))
+        except CheckpointNotFound:
+            return None
 
     async def delete(self, name: str) -> None:
         await self._blobs._delete(self._path(name))

@@ -75,6 +75,9 @@ class FileCheckpointer(BlobCheckpointer):
     async def _write(self, path: str, data: bytes) -> None:
         await asyncio.to_thread(self._replace_sync, path, data)
 
+    async def _read_file(self, path: str) -> BinaryIO:
+        return await asyncio.to_thread(self._read_file_sync, path)
+
     async def _write_file(self, path: str, file: BinaryIO) -> None:
         await asyncio.to_thread(self._replace_sync, path, file)
 
@@ -100,6 +103,15 @@ class FileCheckpointer(BlobCheckpointer):
                 f"{target} does not exist: the checkpoint was never completed or was deleted",
                 path=path,
             ) from None
+        except OSError as error:
+            raise self._io_error("read", target, error) from error
+
+    def _read_file_sync(self, path: str) -> BinaryIO:
+        target = self._file(path)
+        try:
+            return target.open("rb")
+        except FileNotFoundError:
+            raise CheckpointNotFound(f"{target} does not exist", path=path) from None
         except OSError as error:
             raise self._io_error("read", target, error) from error
 

@@ -11,6 +11,7 @@ obstore is needed only then: ``pip install 'laminar-sdk[s3]'``.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
@@ -134,6 +135,26 @@ class ObjectStoreCheckpointer(BlobCheckpointer):
         meta = result.meta
         version = {key: meta[key] for key in ("e_tag", "version") if meta.get(key) is not None}
         return data, version
+
+    async def _read_file(self, path: str) -> BinaryIO:
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+        try:
+            await self._download(path, spool)
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        return spool
+
+    async def _download(self, path: str, spool: BinaryIO) -> None:
+        try:
+            result = await obstore.get_async(self._store, path)
+            async for chunk in result.stream():
+                spool.write(chunk)
+        except FileNotFoundError:
+            raise CheckpointNotFound(f"{self._location}/{path} does not exist", path=path) from None
+        except _OBSTORE_ERRORS as error:
+            raise self._failed("reading", path, error) from error
 
     async def _write(self, path: str, data: bytes) -> None:
         await self._put(path, data, "overwrite")

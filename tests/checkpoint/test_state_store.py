@@ -44,6 +44,11 @@ async def exercise(store: StateStore) -> dict[str, object]:
     spool.seek(len(b"header"))  # what is stored starts at the file's position
     await store.put_file("t3/epoch-1.arrow", spool)
     found["from a file"] = await store.get("t3/epoch-1.arrow") == LARGE
+    stored = await store.get_file("t3/epoch-1.arrow")
+    assert stored is not None
+    with stored:
+        found["as a file"] = stored.read() == LARGE
+    found["missing as a file"] = await store.get_file("t3/epoch-9.arrow")
     return found
 
 
@@ -54,6 +59,8 @@ EXPECTED = {
     "missing": None,
     "after delete": ["t1/epoch-1.arrow"],
     "from a file": True,
+    "as a file": True,
+    "missing as a file": None,
 }
 
 
@@ -86,15 +93,20 @@ def test_a_file_store_keeps_each_connectors_state_apart_from_its_checkpoints(
     assert asyncio.run(store.names("t1/")) == ["t1/epoch-1.arrow"], "no write's leftovers"
 
 
-def test_a_file_store_copies_a_file_into_its_state_a_chunk_at_a_time(tmp_path: Path) -> None:
+def test_a_file_store_streams_a_file_into_its_state_and_opens_it_to_read(tmp_path: Path) -> None:
     store = FileCheckpointer(str(tmp_path)).state_store("sink.kafka")
     spool = ReadSizes(LARGE)
 
     asyncio.run(store.put_file("t1/epoch-1.arrow", spool))
 
-    assert (tmp_path / "state" / "sink.kafka" / "t1" / "epoch-1.arrow").read_bytes() == LARGE
+    stored = tmp_path / "state" / "sink.kafka" / "t1" / "epoch-1.arrow"
+    assert stored.read_bytes() == LARGE
     assert -1 not in spool.asked, "the whole file was read into memory"
     assert max(spool.asked) < len(LARGE)
+    opened = asyncio.run(store.get_file("t1/epoch-1.arrow"))
+    assert opened is not None
+    with opened:
+        assert os.fstat(opened.fileno()).st_ino == stored.stat().st_ino, "not the stored file"
 
 
 def test_a_memory_store_and_a_third_party_state_store_take_a_file_whole() -> None:

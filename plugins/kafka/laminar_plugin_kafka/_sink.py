@@ -466,8 +466,8 @@ class KafkaSink(SinkConnector):
         if current is None or not current.in_transaction:
             # Pre-committed by an instance that stopped (its transaction was aborted when this
             # one opened), or aborted here: produce the staged copy in a new transaction.
-            batches = await _staged_batches(writer, epoch)
-            await asyncio.to_thread(_produce_staged, writer, epoch, batches)
+            with await _staged_copy(writer, epoch) as staged:
+                await asyncio.to_thread(_produce_staged, writer, epoch, staged)
             crash_point("staged-copy-produced")
             writer.epoch = _OpenEpoch(epoch, _Phase.PRE_COMMITTED, in_transaction=True)
         try:
@@ -798,26 +798,27 @@ async def _stage(writer: _Writer, epoch: int, staged: _StagedCopy) -> None:
         staged.close()
 
 
-async def _staged_batches(writer: _Writer, epoch: int) -> list[pa.RecordBatch]:
-    """The staged copy of an epoch an instance that stopped pre-committed.
+async def _staged_copy(writer: _Writer, epoch: int) -> BinaryIO:
+    """The staged copy of an epoch an instance that stopped pre-committed, to read (close it).
 
     :raises TransactionError: when it is missing (not transient).
     """
     staging = writer.staged()
-    data = await staging.load(epoch)
-    if data is None:
+    staged = await staging.open(epoch)
+    if staged is None:
         raise TransactionError(
             f"{SINK_NAME}: epoch {epoch} was pre-committed by an instance that stopped, and "
             f"must be committed, but its staged copy {staging.where(epoch)} is missing: was the "
             "laminar checkpoint location (or staging.dir) changed or cleaned? The epoch's "
             "records cannot be recovered by this sink"
         )
-    batches: list[pa.RecordBatch] = pa.ipc.open_stream(pa.py_buffer(data)).read_all().to_batches()
-    return batches
+    return staged
 
 
-def _produce_staged(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) -> None:
+def _produce_staged(writer: _Writer, epoch: int, staged: BinaryIO) -> None:
     """Begin a transaction holding the epoch's staged copy and marker, flushed, not committed.
+
+    The copy is read a batch at a time, as it is produced.
 
     :raises TransactionError: transient: producing it failed (the transaction was aborted, and
         trying again may succeed).
@@ -830,7 +831,7 @@ def _produce_staged(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) 
     except KafkaException as error:
         raise _transaction_error(settings, f"begin epoch {epoch} again", error) from error
     try:
-        for batch in batches:
+        for batch in pa.ipc.open_stream(staged):
             _produce(writer, outgoing_records(SINK_NAME, batch, settings))
         _produce_marker(writer, epoch)
         _flush(writer)
@@ -838,6 +839,14 @@ def _produce_staged(writer: _Writer, epoch: int, batches: list[pa.RecordBatch]) 
         _abort(writer, epoch)
         raise _RetriableTransactionError(
             f"{SINK_NAME}: cannot produce epoch {epoch} from its staged copy: {error}"
+        ) from error
+    except (pa.ArrowInvalid, OSError) as error:
+        _abort(writer, epoch)
+        raise TransactionError(
+            f"{SINK_NAME}: epoch {epoch} was pre-committed by an instance that stopped, and "
+            f"must be committed, but its staged copy {writer.staged().where(epoch)} cannot be "
+            f"read ({error}): it is damaged, and the epoch's records cannot be recovered by "
+            "this sink"
         ) from error
 
 

@@ -51,8 +51,11 @@ class EpochStaging(ABC):
         """
 
     @abstractmethod
-    async def load(self, epoch: int) -> bytes | None:
-        """The staged copy of ``epoch``, or ``None`` when there is none."""
+    async def open(self, epoch: int) -> BinaryIO | None:
+        """The staged copy of ``epoch``, as a file to read (close it), or ``None`` when none.
+
+        Streamed: an epoch never has to fit in memory.
+        """
 
     @abstractmethod
     async def discard(self, epoch: int) -> None:
@@ -88,9 +91,9 @@ class DirectoryStaging(EpochStaging):
 
         await asyncio.to_thread(write)
 
-    async def load(self, epoch: int) -> bytes | None:
+    async def open(self, epoch: int) -> BinaryIO | None:
         try:
-            return await asyncio.to_thread(self._path(epoch).read_bytes)
+            return await asyncio.to_thread(self._path(epoch).open, "rb")
         except FileNotFoundError:
             return None
 
@@ -127,8 +130,8 @@ class StoreStaging(EpochStaging):
     async def save(self, epoch: int, file: BinaryIO) -> None:
         await self._store.put_file(self.name(epoch), file)
 
-    async def load(self, epoch: int) -> bytes | None:
-        return await self._store.get(self.name(epoch))
+    async def open(self, epoch: int) -> BinaryIO | None:
+        return await self._store.get_file(self.name(epoch))
 
     async def discard(self, epoch: int) -> None:
         await self._store.delete(self.name(epoch))

@@ -402,6 +402,28 @@ def test_keys_partitions_and_json_values_come_from_the_columns(kafka, registry, 
     ]
 
 
+def test_an_epoch_whose_staged_copy_is_damaged_is_aborted_and_says_why(kafka, registry, tmp_path):
+    topic = kafka.topic()
+    properties = sink_config(kafka, topic, tmp_path)
+
+    async def scenario():
+        crashed = await open_sink(registry, properties)
+        await write_epoch(crashed, 0, list(range(100)), commit=False)
+        for path in (tmp_path / "staging").rglob("*.arrow"):
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a torn write
+        restarted = await open_sink(registry, properties)
+        try:
+            with pytest.raises(TransactionError, match=r"staged copy .* cannot be read") as caught:
+                await restarted.commit_epoch(0)
+            assert not caught.value.is_transient
+            await write_epoch(restarted, 1, [7])  # no transaction was left open
+        finally:
+            await restarted.close()
+
+    asyncio.run(scenario())
+    assert kafka.committed_ids(topic) == [7]
+
+
 def test_an_epoch_whose_staged_copy_is_gone_cannot_be_committed_and_says_why(
     kafka, registry, tmp_path
 ):
