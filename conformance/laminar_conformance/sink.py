@@ -35,7 +35,7 @@ import gc
 import itertools
 import tempfile
 from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -73,6 +73,7 @@ from laminar_conformance._suite import ConnectorSuite, Target, check
 from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext
 from laminar_sdk import (
+    Checkpointer,
     Closed,
     ConnectorRole,
     EpochCoordinator,
@@ -611,14 +612,10 @@ async def _run_through_faults(
                 epoch += 1
         except SimulatedCrash as crash:
             crashed = True  # the instance dies without close(); a new one recovers
-            # The finished tasks and futures the crash went through (a sink call in an
-            # executor thread, the coordinator's timeout) still hold it: not its frames.
-            crash.with_traceback(None)
+            crash.with_traceback(None)  # as _release_crashed_run says
         if crashed:
             restarts += 1
-            # What a killed process held goes with it (database locks, connections): the
-            # dead instance is dropped before the new one opens (outside the except block,
-            # whose exception's frames would keep it alive).
+            # Outside the except block, whose exception's frames would keep it alive.
             del sink, coordinator
             gc.collect()
             continue
@@ -643,37 +640,75 @@ async def _run_staged_through_faults(
     restarts, epoch, attempts = 0, 0, itertools.count()
     while epoch < len(epochs):
         try:
-            descriptors = []
-            for task, ids in enumerate(epochs[epoch]):
-                while True:
-                    name = f"run-{restarts}.epoch-{epoch}.task-{task}.attempt-{next(attempts)}"
-                    sink = FaultySink(await session.open(), plan)
-                    batch = [session.context.batch(ids)]
-                    try:
-                        descriptors.append(
-                            await stage_task(
-                                "sink", sink, epoch, name, batch, observer=plan.observe
-                            )
-                        )
-                    except InjectedFault:
-                        continue  # Spark runs the task again, as a new attempt
-                    await sink.close()
-                    break
-            driver = FaultySink(await session.open(), plan)
-            coordinator = EpochCoordinator(
-                store, {"sink": driver}, policy=policy, observer=plan.observe
-            )
-            await coordinator.recover(roll_back_next=False)
-            try:
-                await coordinator.commit_staged(epoch, {"sink": descriptors})
-            except InjectedFault:
-                await driver.close()
-                continue  # rolled back before the decision: Spark runs the epoch again
-            await driver.close()
-            epoch += 1
-        except SimulatedCrash:
+            if await _stage_and_commit(
+                session,
+                epochs[epoch],
+                store=store,
+                policy=policy,
+                plan=plan,
+                epoch=epoch,
+                run=f"run-{restarts}",
+                attempts=attempts,
+            ):
+                epoch += 1
+        except SimulatedCrash as crash:
             restarts += 1  # the run dies; Spark runs the epoch not in its commit log again
+            _release_crashed_run(crash)
     return restarts
+
+
+async def _stage_and_commit(
+    session: _Session,
+    tasks: list[list[int]],
+    *,
+    store: Checkpointer,
+    policy: RetryPolicy,
+    plan: FaultPlan,
+    epoch: int,
+    run: str,
+    attempts: Iterator[int],
+) -> bool:
+    """Stage each task's ids on an instance of its own, then commit them on another.
+
+    :returns: whether the epoch committed (``False``: rolled back before the decision, so
+        Spark runs it again).
+    """
+    descriptors = []
+    for task, ids in enumerate(tasks):
+        while True:
+            name = f"{run}.epoch-{epoch}.task-{task}.attempt-{next(attempts)}"
+            sink = FaultySink(await session.open(), plan)
+            batch = [session.context.batch(ids)]
+            try:
+                descriptors.append(
+                    await stage_task("sink", sink, epoch, name, batch, observer=plan.observe)
+                )
+            except InjectedFault:
+                continue  # Spark runs the task again, as a new attempt
+            await sink.close()
+            break
+    driver = FaultySink(await session.open(), plan)
+    coordinator = EpochCoordinator(store, {"sink": driver}, policy=policy, observer=plan.observe)
+    await coordinator.recover(roll_back_next=False)
+    try:
+        await coordinator.commit_staged(epoch, {"sink": descriptors})
+    except InjectedFault:
+        await driver.close()
+        return False
+    await driver.close()
+    return True
+
+
+def _release_crashed_run(crash: SimulatedCrash) -> None:
+    """Let go of what a crashed run held, before the next opens anything.
+
+    What a killed process held goes with it (open connections, database locks): the crash's
+    frames, which hold the dead instances, are dropped — the finished tasks and futures it
+    went through (a call in an executor thread, the coordinator's timeout) still hold the
+    exception — and collected.
+    """
+    crash.with_traceback(None)
+    gc.collect()
 
 
 def _delivery_problems(
