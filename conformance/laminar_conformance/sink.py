@@ -684,6 +684,7 @@ async def _stage_and_commit(
                     await stage_task("sink", sink, epoch, name, batch, observer=plan.observe)
                 )
             except InjectedFault:
+                await sink.close()  # as the bridge's write task does when stage() fails
                 continue  # Spark runs the task again, as a new attempt
             await sink.close()
             break

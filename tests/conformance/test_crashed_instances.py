@@ -53,9 +53,12 @@ class Session:
 EPOCHS = [[[1, 2], [3]], [[4], [5, 6]], [[7]]]
 
 
-@pytest.mark.parametrize("fault", [Fault.CRASH_BEFORE, Fault.CRASH_AFTER])
+FAULTS = [Fault.ERROR_BEFORE, Fault.ERROR_AFTER, Fault.CRASH_BEFORE, Fault.CRASH_AFTER]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda fault: fault.value)
 @pytest.mark.parametrize("call", ["stage", "commit_aggregated"])
-def test_a_staged_run_that_crashed_holds_nothing_when_the_next_opens(tmp_path, call, fault):
+def test_a_staged_run_that_failed_holds_nothing_when_the_next_opens(tmp_path, call, fault):
     session = Session(tmp_path)
     plan = FaultPlan([FaultPoint(call, fault, 1)])
 
@@ -63,7 +66,7 @@ def test_a_staged_run_that_crashed_holds_nothing_when_the_next_opens(tmp_path, c
         with_watched_threads(_run_staged_through_faults(session, tmp_path / "ckpt", EPOCHS, plan))
     )
 
-    assert restarts == 1
+    assert restarts == int(fault.is_crash)
     assert sorted(session.context.committed_ids()) == [1, 2, 3, 4, 5, 6, 7]
 
 
