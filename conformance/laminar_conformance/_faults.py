@@ -111,9 +111,9 @@ class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
 async def with_watched_threads(scenario: Awaitable[T]) -> T:
     """Await ``scenario`` with the running loop's executor threads watched for crash points.
 
-    Run every scenario of sink calls so, before the loop runs any: a sink that does its
-    durable I/O in ``asyncio.to_thread`` (the loop's default executor) then has its crash
-    points found and fired there, as in the thread that made the call.
+    Every scenario of sink calls runs in it, so that it is in place before the loop runs any
+    call: a sink that does its durable I/O in ``asyncio.to_thread`` (the loop's default
+    executor) then has its crash points found and fired there, as in the calling thread.
     """
     executor = _WatchedExecutor(thread_name_prefix="laminar-conformance")
     asyncio.get_running_loop().set_default_executor(executor)
