@@ -68,10 +68,10 @@ T = TypeVar("T")
 
 _WATCHERS: list[Callable[[object], None]] = []
 """What the innermost block of :meth:`FaultPlan.inside` now running does with a C call made
-in a watched executor thread (none outside such a block)."""
+in its thread or in a watched executor thread (none outside such a block)."""
 
 
-def _profile_watched_thread(frame: types.FrameType, event: str, function: object) -> None:
+def _profile_watched(frame: types.FrameType, event: str, function: object) -> None:
     del frame
     if event == "c_call" and _WATCHERS:
         _WATCHERS[-1](function)
@@ -84,7 +84,7 @@ def _run_watched(job: list[Callable[[], T]]) -> T:
     if not _WATCHERS:  # submitted outside a sink call: nothing to watch for
         return function()
     previous = sys.getprofile()
-    sys.setprofile(_profile_watched_thread)
+    sys.setprofile(_profile_watched)
     try:
         return function()
     except SimulatedCrash as crash:
@@ -284,14 +284,9 @@ class FaultPlan:
                     count = durable_calls[name]
                 reached(f"{name}#{count}")
 
-        def profile(frame: types.FrameType, event: str, function: object) -> None:
-            del frame
-            if event == "c_call":
-                on_c_call(function)
-
         previous = sys.getprofile()
-        sys.setprofile(profile)
         _WATCHERS.append(on_c_call)
+        sys.setprofile(_profile_watched)  # this thread too
         try:
             with injecting_crash_points(reached):
                 yield

@@ -599,7 +599,7 @@ async def _run_through_faults(
     while True:
         sink = FaultySink(await session.open(), plan)
         coordinator = EpochCoordinator(store, {"sink": sink}, policy=policy, observer=plan.observe)
-        crashed = False
+        crash: SimulatedCrash | None = None
         try:
             await coordinator.recover()
             epoch = coordinator.next_epoch
@@ -610,14 +610,12 @@ async def _run_through_faults(
                 except InjectedFault:
                     continue  # rolled back by the coordinator: run the epoch again
                 epoch += 1
-        except SimulatedCrash as crash:
-            crashed = True  # the instance dies without close(); a new one recovers
-            crash.with_traceback(None)  # as _release_crashed_run says
-        if crashed:
+        except SimulatedCrash as error:
+            crash = error  # the instance dies without close(); a new one recovers
+        if crash is not None:
             restarts += 1
-            # Outside the except block, whose exception's frames would keep it alive.
-            del sink, coordinator
-            gc.collect()
+            del sink, coordinator  # this frame's references to the dead instance
+            _release_crashed_run(crash)
             continue
         await sink.close()
         return restarts
