@@ -1,12 +1,13 @@
 """Fault injection: errors and crashes around a sink's protocol calls, and inside them.
 
 The points inside a call are the ones its author marked with :func:`laminar_sdk.crash_point`,
-and the ones the kit finds by itself: while a sink call runs, every C-level call that makes
-something durable — a SQLite ``commit`` (or the end of ``with connection``), an ``fsync``, a
-``rename`` or ``replace`` — is a point just before it (named ``sqlite3.Connection.commit#2``:
-its second such call in the call). The kit watches the thread that makes the call and the
-threads of the event loop's default executor (:func:`with_watched_threads`), where
-``asyncio.to_thread`` and ``run_in_executor(None, ...)`` run the blocking I/O of async code.
+and the ones the kit finds by tracing the call (:mod:`laminar_conformance._call_sites`): before
+and after each instruction of the connector's own code that left Python — a driver's commit,
+an ``fsync``, a C extension's function, whatever its name — named by its source and place
+(``inside commit_epoch: db.commit() at sink.py:42``). The kit traces the thread that makes
+the call, the threads of the event loop's default executor (:func:`with_watched_threads`),
+where ``asyncio.to_thread`` and ``run_in_executor(None, ...)`` run the blocking I/O of async
+code, and threads the connector starts itself (where only a real kill can crash).
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ import functools
 import sys
 import threading
 import types
-from collections import Counter
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pyarrow as pa
 
+from laminar_conformance._call_sites import (
+    _EXECUTOR,
+    CallWatcher,
+    ConnectorCode,
+    Site,
+    innermost_site,
+)
 from laminar_sdk import (
     ConnectorError,
     DistributedCommitSink,
@@ -37,56 +44,50 @@ from laminar_sdk import (
     injecting_crash_points,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import TraceFunction
+
 INSIDE = "inside "
 """How the ``where`` of a crash point inside a call starts: ``inside commit_epoch: NAME``."""
 
-_DURABLE_CALLS = {
-    ("sqlite3", "commit"),
-    ("sqlite3", "__exit__"),
-    ("posix", "fsync"),
-    ("posix", "fdatasync"),
-    ("posix", "rename"),
-    ("posix", "replace"),
-}
-"""C functions (module of their owner, name) that make something durable: points before them."""
-
-
-def _durable_call(function: object) -> str | None:
-    owner = getattr(function, "__self__", None)
-    name = getattr(function, "__name__", "")
-    if isinstance(owner, types.ModuleType):
-        module = owner.__name__
-    else:
-        module = type(owner).__module__ if owner is not None else ""
-    if (module, name) not in _DURABLE_CALLS:
-        return None
-    owner_name = "" if isinstance(owner, types.ModuleType) else f"{type(owner).__name__}."
-    return f"{module}.{owner_name}{name}"
-
-
 T = TypeVar("T")
 
-_WATCHERS: list[Callable[[object], None]] = []
-"""What the innermost block of :meth:`FaultPlan.inside` now running does with a C call made
-in its thread or in a watched executor thread (none outside such a block)."""
+_WATCHERS: list[CallWatcher] = []
+"""The watchers of the :meth:`FaultPlan.inside` blocks now running, innermost last."""
 
 
-def _profile_watched(frame: types.FrameType, event: str, function: object) -> None:
-    del frame
-    if event == "c_call" and _WATCHERS:
-        _WATCHERS[-1](function)
+def _profile_watched(frame: types.FrameType, event: str, arg: object) -> None:
+    if _WATCHERS:
+        _WATCHERS[-1].profile(frame, event, arg)
 
 
-def _run_watched(job: list[Callable[[], T]]) -> T:
+def _trace_watched(frame: types.FrameType, event: str, arg: object) -> TraceFunction | None:
+    del event, arg
+    return _WATCHERS[-1].trace(frame) if _WATCHERS else None
+
+
+@contextlib.contextmanager
+def _watching_this_thread() -> Iterator[None]:
+    previous = sys.getprofile(), sys.gettrace()
+    sys.setprofile(_profile_watched)
+    sys.settrace(_trace_watched)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous[0])
+        sys.settrace(previous[1])
+
+
+def _run_watched(job: list[Callable[[], T]], submitter: object) -> T:
     # The job is taken out of the list the thread pool's work item holds, so that once the
     # call is over no reference to it (and to the sink behind it) is left in this thread.
     function = job.pop()
     if not _WATCHERS:  # submitted outside a sink call: nothing to watch for
         return function()
-    previous = sys.getprofile()
-    sys.setprofile(_profile_watched)
+    _EXECUTOR.flag, _EXECUTOR.submitter = True, submitter  # type: ignore[assignment]
     try:
-        return function()
+        with _watching_this_thread():
+            return function()
     except SimulatedCrash as crash:
         # The process "died" here. The futures holding the crash outlive the call, and the
         # loop may go on before this thread is done: neither may keep the crashed instance
@@ -95,7 +96,7 @@ def _run_watched(job: list[Callable[[], T]]) -> T:
         del function
         raise crash.with_traceback(None) from None
     finally:
-        sys.setprofile(previous)
+        _EXECUTOR.flag, _EXECUTOR.submitter = False, None
 
 
 class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -105,19 +106,30 @@ class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
         self, fn: Callable[..., T], /, *args: object, **kwargs: object
     ) -> concurrent.futures.Future[T]:
         job: list[Callable[[], T]] = [functools.partial(fn, *args, **kwargs)]
-        return super().submit(_run_watched, job)
+        # What the job does belongs to the connector's site that handed it over (``await
+        # asyncio.to_thread(connection.commit)`` has no frame of the connector in the thread).
+        submitter = innermost_site(_WATCHERS[-1] if _WATCHERS else None)
+        return super().submit(_run_watched, job, submitter)
 
 
 async def with_watched_threads(scenario: Awaitable[T]) -> T:
-    """Await ``scenario`` with the running loop's executor threads watched for crash points.
+    """Await ``scenario`` with every thread a sink call may use watched for crash points.
 
     Every scenario of sink calls runs in it, so that it is in place before the loop runs any
-    call: a sink that does its durable I/O in ``asyncio.to_thread`` (the loop's default
-    executor) then has its crash points found and fired there, as in the calling thread.
+    call: a sink that does its I/O in ``asyncio.to_thread`` (the loop's default executor) then
+    has its crash points found and fired there, as in the calling thread, and threads the sink
+    starts itself (from ``open`` on) are traced too.
     """
     executor = _WatchedExecutor(thread_name_prefix="laminar-conformance")
     asyncio.get_running_loop().set_default_executor(executor)
-    return await scenario
+    previous = threading.getprofile(), threading.gettrace()
+    threading.setprofile(_profile_watched)
+    threading.settrace(_trace_watched)
+    try:
+        return await scenario
+    finally:
+        threading.setprofile(previous[0])
+        threading.settrace(previous[1])
 
 
 class Fault(enum.Enum):
@@ -244,8 +256,12 @@ class FaultPlan:
         self._pending = list(points)
         self.crash = crash
         self.fired: list[FaultPoint] = []
-        self.reached_inside: dict[str, set[int]] = {}
-        """The crash points inside calls this plan's runs reached, with their epochs."""
+        self.reached_inside: dict[tuple[str, Fault], set[int]] = {}
+        """The crash points inside calls this plan's runs reached (where, and a crash before
+        or after it), with their epochs."""
+        self.in_own_threads: set[tuple[str, Fault]] = set()
+        """Those of :attr:`reached_inside` reached in a thread the connector started, where
+        only a real kill crashes the process."""
         self.trace: list[TraceEvent] = []
         """Every call and fault of the runs, in order: the timeline of a failure."""
         self.instance = -1
@@ -259,62 +275,94 @@ class FaultPlan:
         """Add an event to :attr:`trace`."""
         self.trace.append(TraceEvent(self.instance, what, epoch, outcome))
 
+    @property
+    def kills(self) -> bool:
+        """Whether a crash is a real kill of the process (so it works in any thread)."""
+        return self.crash is not simulated_crash
+
     @contextlib.contextmanager
-    def inside(self, call: str, epoch: int) -> Iterator[None]:
+    def inside(self, call: str, epoch: int, code: ConnectorCode) -> Iterator[None]:
         """Crash where a crash is planned at a point inside ``call`` of ``epoch``, in this block.
 
-        The points are the marked ones (:func:`laminar_sdk.crash_point`) and those before each
-        C call that makes something durable (see the module).
+        The points are the marked ones (:func:`laminar_sdk.crash_point`) and those before and
+        after each site of ``code`` that leaves Python (see the module).
         """
-        durable_calls: Counter[str] = Counter()
-        counting = threading.Lock()  # the calling thread and executor threads may count at once
+        prefix = f"{INSIDE}{call}: "
+        planned = [
+            point.where
+            for point in self._pending
+            if isinstance(point.where, str) and point.where.startswith(prefix)
+            if point.epoch == epoch
+        ]
 
-        def reached(name: str) -> None:
-            where = f"{INSIDE}{call}: {name}"
-            self.reached_inside.setdefault(where, set()).add(epoch)
-            if self.take(where, epoch).is_crash:
-                self.record(call, epoch, f"crash {where}")
-                self.crash(f"injected crash {where} of epoch {epoch}")
+        def wanted(site: Site) -> bool:
+            if not planned or (watcher.own_thread() and not self.kills):
+                return False
+            place = prefix + site.place
+            return any(where.startswith(place) for where in planned)
 
-        def on_c_call(function: object) -> None:
-            name = _durable_call(function)
-            if name is not None:
-                with counting:
-                    durable_calls[name] += 1
-                    count = durable_calls[name]
-                reached(f"{name}#{count}")
+        def crash_if_planned(where: str, fault: Fault) -> None:
+            if self.take(where, epoch, fault) is Fault.NONE:
+                return
+            self.record(call, epoch, f"{fault.value} {where}")
+            self.crash(f"injected {fault.value} {where} of epoch {epoch}")
 
-        previous = sys.getprofile()
-        _WATCHERS.append(on_c_call)
-        sys.setprofile(_profile_watched)  # this thread too
+        def marked(name: str) -> None:
+            point = (prefix + name, Fault.CRASH_BEFORE)
+            self.reached_inside.setdefault(point, set()).add(epoch)
+            own_thread = watcher.own_thread()
+            if own_thread:
+                self.in_own_threads.add(point)
+            if self.kills or not own_thread:
+                crash_if_planned(*point)
+
+        def before(site: Site) -> None:
+            crash_if_planned(f"{prefix}{site}", Fault.CRASH_BEFORE)
+
+        def after(site: Site) -> None:
+            crash_if_planned(f"{prefix}{site}", Fault.CRASH_AFTER)
+
+        def visited(site: Site, own_thread: bool) -> None:
+            for fault in (Fault.CRASH_BEFORE, Fault.CRASH_AFTER):
+                point = (f"{prefix}{site}", fault)
+                self.reached_inside.setdefault(point, set()).add(epoch)
+                if own_thread:
+                    self.in_own_threads.add(point)
+
+        watcher = CallWatcher(code, wanted, before, after, visited)
+        _WATCHERS.append(watcher)
         try:
-            with injecting_crash_points(reached):
+            with _watching_this_thread(), injecting_crash_points(marked):
                 yield
         finally:
-            sys.setprofile(previous)
-            _WATCHERS.remove(on_c_call)
+            _WATCHERS.remove(watcher)
 
     def __len__(self) -> int:
         """How many faults are still to fire."""
         return len(self._pending)
 
-    def take(self, where: ProtocolStep | str, epoch: int) -> Fault:
-        """The fault planned for this visit of ``where`` in ``epoch`` (``NONE`` if none)."""
+    def take(self, where: ProtocolStep | str, epoch: int, fault: Fault | None = None) -> Fault:
+        """The fault planned for this visit of ``where`` in ``epoch`` (``NONE`` if none).
+
+        :param fault: only that fault (a crash before or after a point inside a call).
+        """
         for point in self._pending:
-            if (point.where, point.epoch) == (where, epoch):
+            if (point.where, point.epoch) == (where, epoch) and fault in (None, point.fault):
                 self._pending.remove(point)
                 self.fired.append(point)
                 return point.fault
         return Fault.NONE
 
-    async def call(self, where: str, epoch: int, call: Callable[[], Awaitable[object]]) -> None:
+    async def call(
+        self, where: str, epoch: int, code: ConnectorCode, call: Callable[[], Awaitable[object]]
+    ) -> None:
         """Run the sink call ``where`` of ``epoch`` with its planned fault, on the timeline.
 
-        Crash points inside it are reached as :meth:`inside` says.
+        Crash points inside it, in ``code``, are reached as :meth:`inside` says.
         """
 
         async def inside() -> None:
-            with self.inside(where, epoch):
+            with self.inside(where, epoch, code):
                 await call()
 
         fault = self.take(where, epoch)
@@ -370,6 +418,7 @@ class FaultyDistributedCommit(DistributedCommitSink):
     def __init__(self, staging: DistributedCommitSink, plan: FaultPlan) -> None:
         self._staging = staging
         self._plan = plan
+        self._code = ConnectorCode.of(staging)
 
     async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
         """``stage``, with its planned fault."""
@@ -378,13 +427,15 @@ class FaultyDistributedCommit(DistributedCommitSink):
         async def stage() -> None:
             descriptors.append(await self._staging.stage(epoch, task, batches))
 
-        await self._plan.call("stage", epoch, stage)
+        await self._plan.call("stage", epoch, self._code, stage)
         return descriptors[0]
 
     async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
         """``commit_aggregated``, with its planned fault."""
         commit = self._staging.commit_aggregated
-        await self._plan.call("commit_aggregated", epoch, lambda: commit(epoch, descriptors))
+        await self._plan.call(
+            "commit_aggregated", epoch, self._code, lambda: commit(epoch, descriptors)
+        )
 
 
 class FaultySink(ForwardingSink):
@@ -394,12 +445,18 @@ class FaultySink(ForwardingSink):
         super().__init__(sink)
         self._plan = plan
         self._epoch = -1
+        innermost = sink
+        while isinstance(innermost, ForwardingSink):
+            innermost = innermost.wrapped
+        self._code = ConnectorCode.of(innermost)
         plan.new_instance()
 
     async def begin_epoch(self, epoch: int) -> None:
         """``begin_epoch``, with its planned fault."""
         self._epoch = epoch
-        await self._plan.call("begin_epoch", epoch, lambda: self.wrapped.begin_epoch(epoch))
+        await self._plan.call(
+            "begin_epoch", epoch, self._code, lambda: self.wrapped.begin_epoch(epoch)
+        )
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """``write_batch``, with its planned fault."""
@@ -408,20 +465,26 @@ class FaultySink(ForwardingSink):
         async def write() -> None:
             results.append(await self.wrapped.write_batch(batch))
 
-        await self._plan.call("write_batch", self._epoch, write)
+        await self._plan.call("write_batch", self._epoch, self._code, write)
         return results[0]
 
     async def pre_commit(self, epoch: int) -> None:
         """``pre_commit``, with its planned fault."""
-        await self._plan.call("pre_commit", epoch, lambda: self.wrapped.pre_commit(epoch))
+        await self._plan.call(
+            "pre_commit", epoch, self._code, lambda: self.wrapped.pre_commit(epoch)
+        )
 
     async def commit_epoch(self, epoch: int) -> None:
         """``commit_epoch``, with its planned fault."""
-        await self._plan.call("commit_epoch", epoch, lambda: self.wrapped.commit_epoch(epoch))
+        await self._plan.call(
+            "commit_epoch", epoch, self._code, lambda: self.wrapped.commit_epoch(epoch)
+        )
 
     async def rollback_epoch(self, epoch: int) -> None:
         """``rollback_epoch``, with its planned fault."""
-        await self._plan.call("rollback_epoch", epoch, lambda: self.wrapped.rollback_epoch(epoch))
+        await self._plan.call(
+            "rollback_epoch", epoch, self._code, lambda: self.wrapped.rollback_epoch(epoch)
+        )
 
     def as_distributed_commit(self) -> DistributedCommitSink | None:
         """The wrapped sink's distributed commit, with the planned faults, if it offers one."""

@@ -10,6 +10,9 @@ FIGURE_PREFIX = "laminar."
 COUNTERS = ("cases", "faults", "epochs", "restarts")
 """The figures that are counts, summed over checks."""
 
+CRASH_POINTS_PROPERTY = "laminar.crash_points"
+"""The user property in which a check reports the crash points it found inside sink calls."""
+
 TIMELINE_PROPERTY = "laminar.timeline"
 """The user property in which a failing check reports its failing case's timeline (JSON)."""
 
@@ -26,5 +29,7 @@ class Figures:
     """Epochs committed (sinks) or checkpoints restored (sources)."""
     restarts: int = 0
     """New connector instances opened after a crash or a close."""
+    crash_points: str = ""
+    """The crash points found inside each sink call of a clean run, and those crashed at."""
     timeline: str = ""
     """The timeline of the failing case, as JSON (see :func:`laminar_conformance._timeline`)."""

@@ -1,13 +1,15 @@
-"""A real ``kill -9``: a sink's epochs run in a child process that SIGKILLs itself at a step.
+"""A real ``kill -9``: a sink's epochs run in a child process that SIGKILLs itself at a point.
 
 The in-process crashes (:class:`~laminar_sdk.SimulatedCrash`) stop the runtime where a killed
 process stops, but the process lives on: the dead instance is garbage-collected, which flushes
 what its open files still buffered, and its threads finish their work. A sink that returns
 from ``pre_commit`` while its staging sits in a Python buffer, or in a writer thread's queue,
 passes them — and loses the epoch when Spark's driver really dies. So the kit also runs the
-first epochs in a child process (``python -m laminar_conformance._kill SPEC``) that kills
-itself with SIGKILL at a step after which the sink has promised durability; the kit then
-recovers and finishes the run in its own process, on new instances, and counts the ids.
+first epochs in a child process that kills itself with SIGKILL at a step after which the sink
+has promised durability, or at a crash point inside a call (the only way to crash a sink in a
+thread of its own); the kit then recovers and finishes the run in its own process, on new
+instances, and counts the ids. The children are forked from a process that imported the kit
+and the plugins once (``python -m laminar_conformance._kill --zygote PLUGIN...``).
 
 The child is given everything as data: the connector, its configuration, the extra plugin
 modules to import, the checkpoint store's directory and each epoch's batches as Arrow IPC
@@ -18,23 +20,38 @@ message.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import functools
 import importlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pyarrow as pa
 
-from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, FaultySink, TraceEvent
+from laminar_conformance._faults import (
+    Fault,
+    FaultPlan,
+    FaultPoint,
+    FaultySink,
+    TraceEvent,
+    with_watched_threads,
+)
 from laminar_conformance._stores import checkpoint_store, state_store
 from laminar_sdk import EpochCoordinator, ProtocolStep, RetryPolicy
+
+if TYPE_CHECKING:
+    from laminar_conformance.contexts import ConformancePlugins
 
 KILL_STEPS = (ProtocolStep.COMMIT, ProtocolStep.COMMITTED_MANIFEST, ProtocolStep.DONE)
 """Where the kit kills: after ``pre_commit`` returned and the manifest decided the epoch, and
@@ -89,40 +106,32 @@ def kill_in_child(
                 "store": str(store),
                 "state": str(state),
                 "epochs": files,
-                "step": str(point.where.value if isinstance(point.where, ProtocolStep) else ""),
+                "where": point.where.value
+                if isinstance(point.where, ProtocolStep)
+                else point.where,
+                "fault": point.fault.value,
                 "epoch": point.epoch,
                 "trace": str(trace),
             }
         ),
         encoding="utf-8",
     )
-    environment = dict(os.environ)
-    # The child imports what this process imports: its plugin modules may not be installed.
-    environment["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
-    try:
-        child = subprocess.run(
-            [sys.executable, "-m", "laminar_conformance._kill", str(spec)],
-            capture_output=True,
-            text=True,
-            env=environment,
-            timeout=CHILD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as error:
+    zygote = _zygote(tuple(plugins))
+    returncode = zygote.run(spec, timeout_s=CHILD_TIMEOUT_S)
+    printed = _tail(spec.with_name("stderr.txt").read_text(errors="replace"))
+    if returncode is None:
         raise AssertionError(
             f"the child process meant to be killed at {point} did not get there within "
-            f"{CHILD_TIMEOUT_S:.0f} s (is a sink call hanging?); what it printed:\n"
-            f"{_tail(error.stderr)}"
-        ) from None
-    if child.returncode != -signal.SIGKILL:
+            f"{CHILD_TIMEOUT_S:.0f} s (is a sink call hanging?); what it printed:\n{printed}"
+        )
+    if returncode != -signal.SIGKILL:
         what = (
             "ended without reaching it"
-            if child.returncode == _NOT_REACHED
-            else f"failed with exit status {child.returncode}"
+            if returncode == _NOT_REACHED
+            else f"failed with exit status {returncode}"
         )
         raise AssertionError(
-            f"the child process meant to be killed at {point} {what}; what it printed:\n"
-            f"{_tail(child.stderr)}"
+            f"the child process meant to be killed at {point} {what}; what it printed:\n{printed}"
         )
     events = json.loads(trace.read_text(encoding="utf-8"))
     plan.trace += [TraceEvent(**event) for event in events]
@@ -130,17 +139,86 @@ def kill_in_child(
     plan.fired.append(point)
 
 
-def _tail(text: str | bytes | None) -> str:
-    if isinstance(text, bytes):
-        text = text.decode(errors="replace")
+def _tail(text: str) -> str:
     return "\n".join((text or "(nothing)").splitlines()[-30:])
 
 
-async def _run_child(spec: dict[str, Any]) -> None:
-    # Imported here: the kit's contexts load every installed plugin's module.
-    from laminar_conformance.contexts import ConformancePlugins  # noqa: PLC0415
+class _Zygote:
+    """A process that imported the kit and the plugins once, and forks a child per kill.
 
-    plugins = ConformancePlugins.load([importlib.import_module(name) for name in spec["plugins"]])
+    Each kill then costs a fork, not an interpreter's start and the imports of pyarrow, the
+    SDK and every plugin (about 1.3 s on two cores). The zygote runs no thread of its own
+    (nothing it imports starts one that holds a lock across a fork: pyarrow's allocator
+    registers its fork handlers), reads one spec path a line, forks, and answers
+    ``pid N`` then ``exit S`` (the child's exit status, negative for a signal).
+    """
+
+    def __init__(self, plugins: tuple[str, ...]) -> None:
+        environment = dict(os.environ)
+        # The zygote imports what this process imports: its plugin modules may not be
+        # installed.
+        environment["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "laminar_conformance._kill", "--zygote", *plugins],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+
+    def run(self, spec: Path, *, timeout_s: float) -> int | None:
+        """Fork a child that runs ``spec``; its exit status (``None``: killed after the timeout)."""
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._process.stdin.write(f"{spec}\n")
+        self._process.stdin.flush()
+        pid = int(self._answer("pid", timeout_s=30.0) or "")
+        status = self._answer("exit", timeout_s=timeout_s)
+        if status is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._answer("exit", timeout_s=30.0)
+            return None
+        return int(status)
+
+    def _answer(self, kind: str, *, timeout_s: float) -> str | None:
+        stdout = self._process.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], timeout_s)
+        if not ready:
+            if kind == "exit":
+                return None
+            raise AssertionError(f"the kit's fork server did not answer ({kind})")
+        line = stdout.readline()
+        if not line.startswith(f"{kind} "):
+            raise AssertionError(
+                f"the kit's fork server stopped (exit status {self._process.poll()}): "
+                f"it answered {line!r}"
+            )
+        return line.split(" ", 1)[1].strip()
+
+    def close(self) -> None:
+        """Stop the zygote (it ends at the end of its input)."""
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        self._process.wait(timeout=30)
+
+
+@functools.cache
+def _zygote(plugins: tuple[str, ...]) -> _Zygote:
+    zygote = _Zygote(plugins)
+    atexit.register(zygote.close)
+    return zygote
+
+
+def _point(spec: dict[str, Any]) -> FaultPoint:
+    """The point a child is killed at: a protocol step, or a crash point inside a call."""
+    fault = Fault(spec["fault"])
+    where = ProtocolStep(spec["where"]) if fault is Fault.KILL else spec["where"]
+    return FaultPoint(where, fault, int(spec["epoch"]))
+
+
+async def _run_child(spec: dict[str, Any], plugins: ConformancePlugins) -> None:
     trace = Path(spec["trace"])
     plan: FaultPlan
 
@@ -151,8 +229,7 @@ async def _run_child(spec: dict[str, Any]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         raise AssertionError("unreachable: SIGKILL was sent")  # pragma: no cover
 
-    point = FaultPoint(ProtocolStep(spec["step"]), Fault.KILL, int(spec["epoch"]))
-    plan = FaultPlan([point], crash=kill)
+    plan = FaultPlan([_point(spec)], crash=kill)
     state = state_store(Path(spec["state"]), "sink", spec["connector"])
     opened, _ = await plugins.registry.open_sink(
         spec["connector"], spec["properties"], state_store=state
@@ -169,16 +246,42 @@ async def _run_child(spec: dict[str, Any]) -> None:
         await coordinator.run_epoch(epoch, batches, {})
 
 
+def _serve(plugin_names: Sequence[str]) -> int:
+    """Be a zygote (see :class:`_Zygote`) until the end of standard input."""
+    # Imported here: the kit's contexts load every installed plugin's module.
+    from laminar_conformance.contexts import ConformancePlugins  # noqa: PLC0415
+
+    plugins = ConformancePlugins.load([importlib.import_module(name) for name in plugin_names])
+    for line in sys.stdin:
+        spec_file = Path(line.strip())
+        pid = os.fork()
+        if pid == 0:  # the child: run the spec, with its own standard error
+            with spec_file.with_name("stderr.txt").open("w") as output:
+                os.dup2(output.fileno(), 1)  # the zygote's standard output is its answers
+                os.dup2(output.fileno(), 2)
+            try:
+                spec = json.loads(spec_file.read_text(encoding="utf-8"))
+                asyncio.run(with_watched_threads(_run_child(spec, plugins)))
+                print(f"every epoch committed without reaching {_point(spec)}", file=sys.stderr)
+                status = _NOT_REACHED
+            except BaseException:  # noqa: BLE001 - a child reports everything, then exits
+                traceback.print_exc()
+                status = 1
+            sys.stderr.flush()
+            os._exit(status)
+        print(f"pid {pid}", flush=True)
+        _, wait_status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(wait_status)}", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the spec a parent wrote (see :func:`kill_in_child`); return only if not killed."""
-    (spec_file,) = argv if argv is not None else sys.argv[1:]
-    spec = json.loads(Path(spec_file).read_text(encoding="utf-8"))
-    asyncio.run(_run_child(spec))
-    print(
-        f"every epoch committed without reaching step {spec['step']} of epoch {spec['epoch']}",
-        file=sys.stderr,
-    )
-    return _NOT_REACHED
+    """``--zygote PLUGIN...``: serve kills for a parent (see :func:`kill_in_child`)."""
+    arguments = list(argv if argv is not None else sys.argv[1:])
+    if arguments[:1] != ["--zygote"]:
+        print("usage: python -m laminar_conformance._kill --zygote [PLUGIN ...]", file=sys.stderr)
+        return 2
+    return _serve(arguments[1:])
 
 
 if __name__ == "__main__":

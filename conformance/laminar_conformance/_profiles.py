@@ -53,6 +53,11 @@ class Profile:
     :param spark_cases: pipelines the Spark layer runs (each a Spark driver per crash, and
         one more to finish).
     :param spark_crashes: crash points each Spark case kills its pipeline at, one at a time.
+    :param inside_crashes: crashes at points inside sink calls: every site found is crashed
+        at once at least, and the other side of each (before or after it) up to this many.
+    :param inside_kills: of those, how many are also run in a child process killed with
+        SIGKILL there (one of each sink call first), besides the points reached in threads of
+        the sink's own, which are always.
     """
 
     name: str
@@ -62,6 +67,8 @@ class Profile:
     replay_examples: int
     spark_cases: int = 1
     spark_crashes: int = 1
+    inside_crashes: int = 40
+    inside_kills: int = 4
 
     def settings(self, examples: int, *, seeded: bool) -> settings:
         """Hypothesis settings for a check that runs ``examples`` cases.
@@ -103,6 +110,8 @@ PROFILES = {
         recovery_examples=600,
         replay_examples=2000,
         spark_crashes=10,
+        inside_crashes=1000,
+        inside_kills=1000,
     ),
 }
 """The profiles by name.

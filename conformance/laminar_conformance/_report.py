@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from laminar_conformance._figures import COUNTERS, FIGURE_PREFIX, TIMELINE_PROPERTY
+from laminar_conformance._figures import (
+    COUNTERS,
+    CRASH_POINTS_PROPERTY,
+    FIGURE_PREFIX,
+    TIMELINE_PROPERTY,
+)
 from laminar_conformance._skips import CATEGORIES, CORE_CATEGORIES, Skip
 from laminar_conformance._timeline import Timeline
 
@@ -38,6 +43,8 @@ class CheckResult:
     """The crash schedules a Spark check ran, ``;``-separated."""
     probed: str = ""
     """What the probe check found the connector does."""
+    crash_points: str = ""
+    """The crash points a check found inside the sink's calls, and those it crashed at."""
     timeline: str = ""
     """The failing case's timeline, as JSON, when the check drew one."""
     diagnosis: str = ""
@@ -79,6 +86,8 @@ class ReportCollector:
                 result.probed = value
             elif key == TIMELINE_PROPERTY and isinstance(value, str):
                 result.timeline = value
+            elif key == CRASH_POINTS_PROPERTY and isinstance(value, str):
+                result.crash_points = value
             elif key.startswith(FIGURE_PREFIX) and isinstance(value, int):
                 result.figures[key.removeprefix(FIGURE_PREFIX)] = value
         if report.failed:
@@ -100,6 +109,10 @@ class ReportCollector:
     def probed(self) -> str:
         """What the probe check found the connector does (``""`` when it did not run)."""
         return next((r.probed for r in self.results.values() if r.probed), "")
+
+    def crash_points(self) -> str:
+        """The crash points found inside sink calls, and crashed at (``""``: none looked for)."""
+        return next((r.crash_points for r in self.results.values() if r.crash_points), "")
 
     def skips(self) -> list[tuple[str, Skip]]:
         """Every skipped check's name and skip, in the order they ran."""
@@ -190,6 +203,11 @@ def markdown_report(run: RunDescription, collector: ReportCollector, elapsed_s: 
         f"{totals['restarts']} restarts",
         f"- Spark layer: {collector.spark_summary(run.spark)}",
         f"- Probed: {collector.probed() or 'no probe ran'}",
+        *(
+            [f"- Crash points inside calls: {collector.crash_points()}"]
+            if collector.crash_points()
+            else []
+        ),
         "",
         "## Checks",
         "",

@@ -20,6 +20,9 @@ CORE_CATEGORIES: Mapping[str, str] = {
     "multi-partition": "several partitions, each restored on its own (sources)",
     "live-appends": "records appended while a source runs (sources)",
     "rollback": "rolling an epoch back, and crashes around commit (sinks)",
+    "crash-points": (
+        "crashes inside an exactly-once sink's calls, wherever they leave Python (sinks)"
+    ),
     "spark": "the Spark layer: pipelines killed and restarted on real Spark",
 }
 """The checks ``--strict`` requires, by category, with what they cover."""
@@ -29,7 +32,6 @@ OTHER_CATEGORIES: Mapping[str, str] = {
     "read-back": "comparing what a sink's destination holds (sinks)",
     "capability": "a capability the connector does not declare or the kit cannot exercise",
     "configuration": "configuration errors for declared keys",
-    "crash-points": "crashes at the points inside a sink's calls (laminar_sdk.crash_point)",
 }
 """Categories a run may skip without ``--strict`` failing."""
 

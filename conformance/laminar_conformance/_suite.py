@@ -13,7 +13,13 @@ import pytest
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
 
-from laminar_conformance._figures import COUNTERS, FIGURE_PREFIX, TIMELINE_PROPERTY, Figures
+from laminar_conformance._figures import (
+    COUNTERS,
+    CRASH_POINTS_PROPERTY,
+    FIGURE_PREFIX,
+    TIMELINE_PROPERTY,
+    Figures,
+)
 from laminar_conformance._profiles import (
     PROFILE_VARIABLE,
     Profile,
@@ -184,3 +190,5 @@ class ConnectorSuite:
             request.node.user_properties.append((FIGURE_PREFIX + name, getattr(figures, name)))
         if figures.timeline:
             request.node.user_properties.append((TIMELINE_PROPERTY, figures.timeline))
+        if figures.crash_points:
+            request.node.user_properties.append((CRASH_POINTS_PROPERTY, figures.crash_points))

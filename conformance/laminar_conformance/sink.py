@@ -33,6 +33,7 @@ import asyncio
 import dataclasses
 import gc
 import itertools
+import random
 import tempfile
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
@@ -52,6 +53,7 @@ from laminar_conformance._distributed_machine import (
     distributed,
 )
 from laminar_conformance._faults import (
+    INSIDE,
     Fault,
     FaultPlan,
     FaultPoint,
@@ -64,6 +66,7 @@ from laminar_conformance._faults import (
 from laminar_conformance._figures import Figures
 from laminar_conformance._kill import KILL_STEPS, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
+from laminar_conformance._profiles import Profile
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
@@ -798,8 +801,8 @@ def _check_run(
     )
 
 
-def _points_inside(target: Target, sizes: list[list[int]]) -> dict[str, set[int]]:
-    """The crash points inside the sink's calls a clean run of ``sizes`` reaches, by epoch."""
+def _points_inside(target: Target, sizes: list[list[int]]) -> FaultPlan:
+    """A clean run of ``sizes``: the crash points it reaches inside the sink's calls."""
     session = _Session(target)
     if session.context.committed_ids() is None:
         session.context.close()
@@ -807,7 +810,7 @@ def _points_inside(target: Target, sizes: list[list[int]]) -> dict[str, set[int]
     plan = FaultPlan([])
     store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
     session.run(_run_through_faults(session, store, _epochs_of(sizes), plan))
-    return plan.reached_inside
+    return plan
 
 
 def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[list[FaultPoint]]:
@@ -816,6 +819,60 @@ def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[li
         lambda chosen: dataclasses.replace(chosen[0], epoch=chosen[1])
     )
     return st.lists(moved, max_size=4)
+
+
+def _chosen_points(
+    found: FaultPlan, profile: Profile, seed: int | None
+) -> list[tuple[FaultPoint, bool]]:
+    """The crash points inside calls to crash at, each with whether by a real kill.
+
+    Every site is crashed at once at least, before or after it (drawn with ``seed``), and the
+    other side of each up to the profile's ``inside_crashes`` cases in all. A sink that runs
+    code in threads of its own is only killed: a simulated crash stops the calling thread, and
+    its threads would go on (holding their transactions and locks) where a killed process
+    takes them along. Otherwise, up to the profile's ``inside_kills``, points are crashed at
+    both ways: one point of each call first, then the others.
+    """
+    draw = random.Random(seed or 0)  # noqa: S311 - a test selection, not a secret
+    by_site: dict[str, list[Fault]] = {}
+    for where, fault in sorted(found.reached_inside, key=lambda point: (point[0], point[1].value)):
+        by_site.setdefault(where, []).append(fault)
+    first = [(where, draw.choice(faults)) for where, faults in by_site.items()]
+    rest = [(w, f) for w, faults in by_site.items() for f in faults if (w, f) not in first]
+    draw.shuffle(rest)
+    points = first + rest[: max(0, profile.inside_crashes - len(first))]
+    threaded = bool(found.in_own_threads)
+    by_call = {where.removeprefix(INSIDE).partition(":")[0]: (where, f) for where, f in points}
+    to_kill = [*by_call.values(), *(point for point in points if point not in by_call.values())]
+    killed = set(points if threaded else to_kill[: profile.inside_kills])
+    chosen = []
+    for where, fault in points:
+        epochs = found.reached_inside[where, fault]
+        point = FaultPoint(where, fault, 1 if 1 in epochs else min(epochs))
+        if not threaded:
+            chosen.append((point, False))
+        if (where, fault) in killed:
+            chosen.append((point, True))
+    return chosen
+
+
+def _coverage(found: FaultPlan, crashed: list[tuple[FaultPoint, bool]]) -> str:
+    """Per sink call of a clean run: the crash points found inside it, and those crashed at."""
+    calls = dict.fromkeys(event.what for event in found.trace if not event.what.startswith("step"))
+    parts = []
+    for call in calls:
+        prefix = f"{INSIDE}{call}: "
+        points = [point for point in found.reached_inside if point[0].startswith(prefix)]
+        sites = {where for where, _ in points}
+        if not points:
+            parts.append(f"{call}: no point (nothing it ran left Python)")
+            continue
+        hit = [kill for point, kill in crashed if str(point.where).startswith(prefix)]
+        parts.append(
+            f"{call}: {len(sites)} site(s), {len(points)} point(s), crashed at "
+            f"{hit.count(False)} in process and {hit.count(True)} killed"
+        )
+    return "; ".join(parts)
 
 
 class SinkRecoverySuite(ConnectorSuite):
@@ -845,26 +902,41 @@ class SinkRecoverySuite(ConnectorSuite):
     def test_delivery_survives_a_crash_at_each_point_inside_a_call(
         self, conformance: Target, figures: Figures
     ) -> None:
-        """A crash at every point a clean run reaches inside the sink's calls, one per run.
+        """A crash before and after every place a clean run's sink calls leave Python.
 
-        The points are those the sink marks with :func:`laminar_sdk.crash_point` and those the
-        kit finds: before each SQLite ``commit``, ``fsync``, ``rename`` or ``replace`` a call
-        makes. A sink that publishes its data and its epoch record in two steps of one call
-        loses or doubles data when it dies between them.
+        The kit traces the sink's calls (docs/conformance-kit.md, "Crash points"): every
+        instruction of the sink's own code that called out of Python — a driver, a C
+        extension, the operating system, in the calling thread, an executor thread or a thread
+        of the sink's own — is a point, and so is every :func:`laminar_sdk.crash_point` it
+        marks. Each run crashes at one point of epoch 1 (or the first epoch that reached it):
+        in process, as :class:`~laminar_sdk.SimulatedCrash`, and for a seeded sample (every
+        point in a thread of the sink's own) with a real SIGKILL of a child process. A sink
+        that publishes its data and its epoch record in two steps loses or doubles data when
+        it dies between them.
         """
         sizes = [[2, 1], [2, 1], [3]]
-        reached = _points_inside(conformance, sizes)
-        if not reached:
-            skip(
-                "crash-points",
-                "a clean run reached no crash point inside the sink's calls (none marked with "
-                "laminar_sdk.crash_point, no SQLite commit, fsync, rename or replace)",
-            )
-        for where, epochs in sorted(reached.items()):
-            epoch = 1 if 1 in epochs else min(epochs)
-            self._check_run(
-                conformance, figures, sizes, [FaultPoint(where, Fault.CRASH_BEFORE, epoch)]
-            )
+        found = _points_inside(conformance, sizes)
+        figures.crash_points = _coverage(found, [])
+        if not found.reached_inside:
+            if _capabilities(conformance).exactly_once:
+                skip(
+                    "crash-points",
+                    "the sink declares exactly_once, but a clean run's calls reached no crash "
+                    "point: none of them called out of Python, and none is marked with "
+                    "laminar_sdk.crash_point; if the sink's I/O really runs where the kit cannot "
+                    "see it (a C library's own threads), mark where each step is durable with "
+                    "crash_point, or state why none exists in the context's skip_checks",
+                )
+            skip("capability", "an at-least-once sink whose calls reached no crash point")
+        crashed: list[tuple[FaultPoint, bool]] = []
+        chosen = _chosen_points(found, conformance.profile, conformance.seed)
+        for point, kill in chosen:
+            crashed.append((point, kill))
+            figures.crash_points = _coverage(found, crashed)
+            if kill:
+                self._check_run(conformance, figures, sizes, [], killed_at=point)
+            else:
+                self._check_run(conformance, figures, sizes, [point])
 
     @pytest.mark.parametrize("step", KILL_STEPS, ids=lambda step: step.value)
     @check

@@ -142,6 +142,11 @@ OUTSIDER_VARIANTS = [
         "test_an_instance_kept_open_plans_records_appended_after_it_opened",
     ),
 ]
+# Exactly-once sinks on stores the kit was never tuned to (outsider_stores.py), each committing
+# its rows and its epoch record in two transactions: caught with the default context, no marks.
+STORES = ["sqlite-sql", "sqlite-thread", "duckdb", "lmdb", "psycopg", "journal"]
+INSIDE_A_CALL = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
+STORE_VARIANTS = [(f"outsider-{store}-marker-apart", "sink", INSIDE_A_CALL) for store in STORES]
 # The correct outsider connectors pass three runs in a row: a whole run with seed 1, and with
 # seeds 2 and 3 the checks that catch their broken variants (`SEED:catching`, CI) — whole runs
 # in `tox -e full`.
@@ -236,6 +241,14 @@ def runs(tmp_path_factory, selected_params):
             start(connector, connector, role, checks=(*checks, *ALSO_RUN.get(connector, ())))
         for connector, role, catching in OUTSIDER_VARIANTS:
             start(connector, connector, role, plugin="outsider", checks=(catching,))
+        for connector, role, catching in STORE_VARIANTS:
+            start(connector, connector, role, plugin="outsider_stores", checks=(catching,))
+        for store, seed in itertools.product(STORES, ("1", "2", "3")):
+            connector = f"outsider-{store}"
+            run = f"{connector}-{seed}"
+            start(
+                run, connector, "sink", plugin="outsider_stores", seed=seed, checks=(INSIDE_A_CALL,)
+            )
         seeds = selected_params("seed") | {"1"}  # seed 1's runs serve other tests too
         for (connector, role), run in itertools.product(OUTSIDER_CORRECT, sorted(seeds)):
             seed, _, scope = run.partition(":")
@@ -256,7 +269,9 @@ def passing_report(runs, run: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("connector", "role", "catching_check"), VARIANTS + OUTSIDER_VARIANTS)
+@pytest.mark.parametrize(
+    ("connector", "role", "catching_check"), VARIANTS + OUTSIDER_VARIANTS + STORE_VARIANTS
+)
 def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_check):
     result, report = runs[connector]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
@@ -309,24 +324,48 @@ def test_the_correct_outsider_source_passes_with_probed_partitions_and_live_appe
 @pytest.mark.slow
 def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(runs):
     text = passing_report(runs, "outsider-sqlite-1")
-    check = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
-    row = next(line for line in text.splitlines() if line.startswith(f"| {check} "))
+    row = next(line for line in text.splitlines() if line.startswith(f"| {INSIDE_A_CALL} "))
     assert "| passed |" in row
-    assert int(row.split("|")[4]) >= 3, f"a crash before each SQLite commit: {row}"
+    # Before and after each of commit_epoch's statements and its commit, at least.
+    assert int(row.split("|")[4]) >= 10, f"a crash around each SQLite call: {row}"
+    coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
+    assert "begin_epoch: no point (nothing it ran left Python)" in coverage
+    assert "commit_epoch: 6 site(s), 12 point(s), crashed at 12 in process and 1 killed" in coverage
     broken = runs["outsider-sqlite-marker-apart"][1].read_text()
     assert (
-        "[crash-before inside commit_epoch: sqlite3.Connection.commit#2 of epoch 1]: not "
-        "delivered exactly once: duplicated ids"
+        "[crash-after inside commit_epoch: db.commit() at outsider.py:388 in _publish of "
+        "epoch 1]: not delivered exactly once: duplicated ids"
     ) in broken
     # The HTML report draws the failing case: the crash inside commit_epoch of epoch 1 on the
     # first instance, the second instance committing epoch 1 again, and the ids doubled.
     page = runs["outsider-sqlite-marker-apart"][1].with_suffix(".html").read_text()
     assert (
-        "<title>instance 0: commit_epoch of epoch 1: crash inside commit_epoch: "
-        "sqlite3.Connection.commit#2</title>"
+        "<title>instance 0: commit_epoch of epoch 1: crash-after inside commit_epoch: "
+        "db.commit() at outsider.py:388 in _publish</title>"
     ) in page
     assert "<title>instance 1: commit_epoch of epoch 1: ok</title>" in page
     assert 'fill="#a00">duplicated ids [3, 4, 5] (epochs [1])</text>' in page
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", ["1", "2", "3"])
+@pytest.mark.parametrize("store", STORES)
+def test_the_correct_store_sinks_pass_every_crash_inside_their_calls(runs, store, seed):
+    text = passing_report(runs, f"outsider-{store}-{seed}")
+    row = next(line for line in text.splitlines() if line.startswith(f"| {INSIDE_A_CALL} "))
+    assert "| passed |" in row, row
+    coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
+    assert "commit_epoch:" in coverage
+    assert "no point" not in coverage.partition("commit_epoch:")[2].partition(";")[0], coverage
+
+
+@pytest.mark.slow
+def test_a_sink_committing_on_a_thread_of_its_own_is_caught_by_a_real_kill_there(runs):
+    text = runs["outsider-sqlite-thread-marker-apart"][1].read_text()
+    assert "not delivered exactly once: duplicated ids [3, 4, 5]" in text
+    assert "<- work:" in text  # the point is in the sink's writer thread
+    coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
+    assert "crashed at 0 in process" in coverage, coverage
 
 
 @pytest.mark.slow

@@ -1,16 +1,30 @@
-"""Crash points inside a sink's calls: the public marker, and how the kit finds and fires them."""
+"""Crash points inside a sink's calls: the public marker, and how the kit finds and fires them.
+
+The kit finds a point wherever the connector's own code called out of Python, whatever the
+library: these tests call C through a method (``sqlite3``), a module function (``os``),
+``ctypes`` (reported by no profiler event), and an extension type that calls itself
+``builtins`` (``lmdb``), and check that the interpreter's own computation is no point.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import sys
+import threading
+from pathlib import Path
 
+import lmdb
 import pytest
+import sink_code
+from laminar_conformance._call_sites import ConnectorCode
 from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
+from sink_code import commit_in_an_executor, insert_twice, line_of, publish, put_in_lmdb, writer
 
 from laminar_sdk import SimulatedCrash, crash_point, injecting_crash_points
+
+SINK_CODE = ConnectorCode.files([sink_code.__file__])
+"""The "connector": its calls out of Python are the sites."""
 
 
 def test_a_crash_point_does_nothing_without_an_injector():
@@ -26,83 +40,163 @@ def test_an_injector_sees_every_marked_point_and_is_removed_after_its_block():
     assert seen == ["rows-published", "marker-written"]
 
 
-def publish(path) -> None:
-    """Two transactions and a rename, with a marked point between the transactions."""
-    with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE IF NOT EXISTS t (x)")
-    db.close()
-    db = sqlite3.connect(path)
-    db.execute("INSERT INTO t VALUES (1)")
-    db.commit()
-    crash_point("first-committed")
-    db.execute("INSERT INTO t VALUES (2)")
-    db.commit()
-    db.close()
-    os.replace(path, path.with_suffix(".done"))
+FIRST_COMMIT = f"db.commit() at sink_code.py:{line_of('db.commit()')} in publish"
+REPLACE = f"os.replace() at sink_code.py:{line_of('os.replace(path')} in publish"
 
 
-POINTS_OF_PUBLISH = [
-    "inside commit_epoch: first-committed",
-    "inside commit_epoch: posix.replace#1",
-    "inside commit_epoch: sqlite3.Connection.__exit__#1",
-    "inside commit_epoch: sqlite3.Connection.commit#1",
-    "inside commit_epoch: sqlite3.Connection.commit#2",
-]
-"""The points :func:`publish` reaches inside a ``commit_epoch``, sorted."""
+def inside(call: str, what: str) -> str:
+    return f"inside {call}: {what}"
 
 
-def test_a_clean_run_records_the_marked_points_and_the_durable_c_calls(tmp_path):
+def reached_before(plan: FaultPlan) -> list[str]:
+    """The points a plan reached, as the crash before each."""
+    return sorted(where for where, fault in plan.reached_inside if fault is Fault.CRASH_BEFORE)
+
+
+def test_a_clean_run_finds_every_call_out_of_python_and_the_marked_points(tmp_path):
     plan = FaultPlan([])
-    with plan.inside("commit_epoch", 4):
+    with plan.inside("commit_epoch", 4, SINK_CODE):
         publish(tmp_path / "a.db")
-    assert sorted(plan.reached_inside) == POINTS_OF_PUBLISH
-    assert plan.reached_inside["inside commit_epoch: first-committed"] == {4}
+    points = reached_before(plan)
+    assert inside("commit_epoch", FIRST_COMMIT) in points
+    assert inside("commit_epoch", REPLACE) in points
+    assert inside("commit_epoch", "first-committed") in points
+    # Three statements, both commits, connects and closes, the rename, with's enter and exit.
+    assert sum("db.commit()" in point for point in points) == 2
+    assert len(points) == 13, points
+    assert not any("sorted" in point for point in points), points
+    # Every point found is one to crash before and after, but a marked one only before.
+    assert len(plan.reached_inside) == 2 * 12 + 1
+    assert plan.reached_inside[inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_AFTER] == {4}
 
 
 @pytest.mark.parametrize(
-    ("point", "rows"),
-    [("first-committed", [1]), ("sqlite3.Connection.commit#2", [1]), ("posix.replace#1", [1, 2])],
+    ("where", "fault", "rows"),
+    [
+        ("first-committed", Fault.CRASH_BEFORE, [1]),
+        (FIRST_COMMIT, Fault.CRASH_BEFORE, []),
+        (FIRST_COMMIT, Fault.CRASH_AFTER, [1]),
+        (REPLACE, Fault.CRASH_BEFORE, [1, 2]),
+    ],
 )
-def test_a_planned_crash_fires_just_before_its_point(tmp_path, point, rows):
+def test_a_planned_crash_fires_just_before_or_just_after_its_point(tmp_path, where, fault, rows):
     path = tmp_path / "a.db"
-    plan = FaultPlan([FaultPoint(f"inside commit_epoch: {point}", Fault.CRASH_BEFORE, 4)])
-    with pytest.raises(SimulatedCrash, match=point), plan.inside("commit_epoch", 4):
+    plan = FaultPlan([FaultPoint(inside("commit_epoch", where), fault, 4)])
+    with (
+        pytest.raises(SimulatedCrash, match=fault.value),
+        plan.inside("commit_epoch", 4, SINK_CODE),
+    ):
         publish(path)
     assert [row[0] for row in sqlite3.connect(path).execute("SELECT x FROM t")] == rows
     assert not path.with_suffix(".done").exists()
 
 
-def test_the_profile_hook_is_removed_after_a_crash(tmp_path):
-    plan = FaultPlan([FaultPoint("inside pre_commit: first-committed", Fault.CRASH_BEFORE, 0)])
-    with pytest.raises(SimulatedCrash), plan.inside("pre_commit", 0):
+def test_the_hooks_are_removed_after_a_crash(tmp_path):
+    plan = FaultPlan([FaultPoint(inside("pre_commit", "first-committed"), Fault.CRASH_BEFORE, 0)])
+    with pytest.raises(SimulatedCrash), plan.inside("pre_commit", 0, SINK_CODE):
         publish(tmp_path / "a.db")
     assert sys.getprofile() is None
+    assert sys.gettrace() is None
 
 
-def test_durable_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
+def test_a_call_no_profiler_reports_is_a_point_and_pure_calls_are_not(tmp_path):
+    # ctypes calls report no profiler event; lmdb's types call themselves `builtins`.
+    environment = lmdb.open(str(tmp_path / "kv"))
+    plan = FaultPlan([])
+    with plan.inside("commit_epoch", 0, SINK_CODE):
+        put_in_lmdb(environment)
+    environment.close()
+    labels = {point.split(": ", 1)[1].split(" at ")[0] for point in reached_before(plan)}
+    assert {
+        "LIBC.getpid()",
+        "environment.begin()",
+        "transaction.put()",
+        "with environment.begin(write=True) as transaction (enter)",
+        "with environment.begin(write=True) as transaction (exit)",
+    } <= labels, labels
+    assert not any(pure in label for label in labels for pure in ("len", "dict")), labels
+
+
+def test_each_run_of_an_instruction_in_a_call_is_a_point_of_its_own(tmp_path):
+    sqlite3.connect(tmp_path / "a.db").execute("CREATE TABLE t (x)").connection.close()
+    plan = FaultPlan([])
+    with plan.inside("commit_epoch", 0, SINK_CODE):
+        insert_twice(tmp_path / "a.db")
+    commits = [point for point in reached_before(plan) if "db.commit()" in point]
+    assert len(commits) == 2
+    assert commits[1].endswith("(run 2)")
+    second = FaultPoint(commits[1], Fault.CRASH_BEFORE, 0)
+    with pytest.raises(SimulatedCrash), FaultPlan([second]).inside("commit_epoch", 0, SINK_CODE):
+        insert_twice(tmp_path / "a.db")
+    rows = sqlite3.connect(tmp_path / "a.db").execute("SELECT x FROM t").fetchall()
+    assert rows == [(1,), (2,), (1,)]
+
+
+def test_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
     plan = FaultPlan([])
 
     async def commit_epoch_in_a_thread() -> None:
-        with plan.inside("commit_epoch", 4):
+        with plan.inside("commit_epoch", 4, SINK_CODE):
             await asyncio.to_thread(publish, tmp_path / "a.db")
 
     asyncio.run(with_watched_threads(commit_epoch_in_a_thread()))
-    assert sorted(plan.reached_inside) == POINTS_OF_PUBLISH
+    assert inside("commit_epoch", FIRST_COMMIT) in reached_before(plan)
+    assert not plan.in_own_threads
+
+
+def test_a_c_function_handed_to_an_executor_is_a_point_of_the_await(tmp_path):
+    db = sqlite3.connect(tmp_path / "a.db", check_same_thread=False)
+    db.execute("CREATE TABLE t (x)")
+    plan = FaultPlan([])
+
+    async def commit_epoch() -> None:
+        with plan.inside("commit_epoch", 0, SINK_CODE):
+            await commit_in_an_executor(db)
+
+    asyncio.run(with_watched_threads(commit_epoch()))
+    assert any("asyncio.to_thread()" in point for point in reached_before(plan))
 
 
 def test_a_planned_crash_fires_in_an_executor_thread_and_later_calls_are_still_watched(tmp_path):
     path = tmp_path / "a.db"
-    point = "sqlite3.Connection.commit#2"
-    plan = FaultPlan([FaultPoint(f"inside commit_epoch: {point}", Fault.CRASH_BEFORE, 4)])
+    plan = FaultPlan([FaultPoint(inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_AFTER, 4)])
 
     async def crash_then_commit_again() -> None:
-        with pytest.raises(SimulatedCrash, match=point), plan.inside("commit_epoch", 4):
+        with (
+            pytest.raises(SimulatedCrash, match="db.commit"),
+            plan.inside("commit_epoch", 4, SINK_CODE),
+        ):
             await asyncio.to_thread(publish, path)
-        with plan.inside("commit_epoch", 5):  # the recovered instance
+        with plan.inside("commit_epoch", 5, SINK_CODE):  # the recovered instance
             await asyncio.to_thread(publish, tmp_path / "b.db")
 
     asyncio.run(with_watched_threads(crash_then_commit_again()))
     assert [row[0] for row in sqlite3.connect(path).execute("SELECT x FROM t")] == [1]
-    assert not path.with_suffix(".done").exists()
-    assert plan.reached_inside[f"inside commit_epoch: {point}"] == {4, 5}
+    assert plan.reached_inside[inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_AFTER] == {4, 5}
     assert sys.getprofile() is None
+
+
+def test_points_in_a_thread_the_sink_started_are_found_but_only_a_kill_fires_there(tmp_path):
+    jobs: list[Path] = []
+    wake, done = threading.Event(), threading.Event()
+
+    planned = FaultPoint(inside("commit_epoch", "first-committed"), Fault.CRASH_BEFORE, 0)
+    plan = FaultPlan([planned])
+
+    async def commit_epoch() -> None:
+        thread = threading.Thread(target=writer, args=(wake, jobs, done))
+        thread.start()
+        with plan.inside("commit_epoch", 0, SINK_CODE):
+            jobs.append(tmp_path / "a.db")
+            wake.set()
+            await asyncio.to_thread(done.wait)
+        thread.join()
+
+    asyncio.run(with_watched_threads(commit_epoch()))
+    found = {where for where, _ in plan.in_own_threads}
+    assert (
+        inside("commit_epoch", FIRST_COMMIT + " <- writer:" + str(line_of("publish(jobs"))) in found
+    )
+    # A simulated crash cannot stop a call from another thread: the writer ran to its end.
+    assert (tmp_path / "a.done").exists()
+    assert not plan.fired
