@@ -43,8 +43,10 @@ class SourceSystem:
         self._next_id = itertools.count()
 
     def append(self, counts: list[int]) -> None:
-        """Append ``counts[p]`` new ids to each partition ``p``."""
+        """Append ``counts[p]`` new ids to each partition ``p`` (none to one whose count is 0)."""
         for partition, count in enumerate(counts):
+            if not count:
+                continue  # a partition written for the first time later must not exist yet
             ids = [next(self._next_id) for _ in range(count)]
             self.context.append(ids, partition if self.partitions > 1 else None)
             self.appended.update(ids)

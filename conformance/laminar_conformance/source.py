@@ -316,6 +316,68 @@ class SourceReplaySuite(ConnectorSuite):
             )
 
     @check
+    def test_a_partition_that_appears_while_reading_is_read_from_its_beginning(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """Records of a partition first written after the source opened arrive, once.
+
+        A topic whose partitions are increased, a new directory under a files source, a table
+        repartitioned: the kit fills all partitions but the last, opens the source, polls,
+        takes a checkpoint, then writes the last partition for the first time. The open
+        instance must return its records; an instance restored from the checkpoint taken
+        before it appeared must read it from its beginning; and one restored from the end
+        must return only what is written to it afterwards. A source that lists its
+        partitions once, when it opens or restores, fails here.
+        """
+        _require_replay(conformance)
+        system = SourceSystem(conformance)
+        if system.partitions < 2:
+            system.context.close()
+            skip("multi-partition", f"{system.traits.not_multi_partition}")
+        if not system.live_appends:
+            system.context.close()
+            skip("live-appends", f"{system.traits.not_live}, so a partition cannot appear")
+        held_back = system.partitions - 1
+        system.append([4] * held_back + [0])
+
+        async def scenario() -> None:
+            source = await system.open()
+            delivery = Delivery()
+            await system.poll(source, 2, delivery)
+            before = source.checkpoint()
+            returned = Counter(delivery.ids)
+            system.append([0] * held_back + [3])
+            await system.drain(source, delivery, system.appended.total())
+            compare(
+                delivery.ids,
+                system.appended,
+                f"partition {held_back} was written for the first time after the source "
+                "opened and polled: an open instance",
+            )
+            end = source.checkpoint()
+            await source.close()
+            for checkpoint, seen, when in (
+                (before, returned, "before the partition appeared"),
+                (end, Counter(delivery.ids), "after every record was returned"),
+            ):
+                if when.startswith("after"):
+                    system.append([0] * held_back + [2])
+                restored = await system.open(checkpoint)
+                after = Delivery()
+                await system.drain(restored, after, system.appended.total() - seen.total())
+                await restored.close()
+                figures.epochs += 1
+                compare(
+                    after.ids,
+                    system.appended - seen,
+                    f"restoring {checkpoint!r}, taken {when} (partition {held_back} was "
+                    "written for the first time after the source opened)",
+                )
+
+        figures.cases += 1
+        system.run(scenario())
+
+    @check
     def test_each_partition_restores_independently(
         self, conformance: Target, figures: Figures
     ) -> None:

@@ -3,8 +3,9 @@
 The queue is a directory of JSON-lines files, ``p0.jsonl`` to ``p2.jsonl``, one per partition,
 appended to by producers. ``outsider-queue`` reads it correctly; each ``outsider-*`` variant
 has one bug an author plausibly writes (``outsider-queue-blind-context`` has it in its test
-context, which fills one partition only). ``outsider-sqlite`` is an exactly-once SQLite sink
-that publishes an epoch's rows and records the epoch in one transaction;
+context, which fills one partition only; ``outsider-lists-its-partitions-when-it-opens`` reads
+only the partition files that exist when it opens). ``outsider-sqlite`` is an exactly-once
+SQLite sink that publishes an epoch's rows and records the epoch in one transaction;
 ``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch`` (in a worker
 thread), unmarked.
 ``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
@@ -80,12 +81,18 @@ class QueueSource(SourceConnector):
     def lines(self, partition: str) -> list[str]:
         return _lines(self.directory / f"{partition}.jsonl")
 
+    def partitions(self) -> Sequence[str]:
+        """The partitions to read, in turn."""
+        return PARTITIONS
+
     async def poll_batch(self, max_records: int) -> SourceBatch | None:
-        for _ in PARTITIONS:
-            partition = PARTITIONS[self.cursor]
-            start = self.positions[partition]
+        partitions = self.partitions()
+        for _ in partitions:
+            self.cursor %= len(partitions)
+            partition = partitions[self.cursor]
+            start = self.positions.get(partition, 0)
             taken = self.lines(partition)[start : start + max_records]
-            self.cursor = (self.cursor + 1) % len(PARTITIONS)
+            self.cursor = (self.cursor + 1) % len(partitions)
             if taken:
                 self.advance(partition, len(taken))
                 records = self.records([json.loads(line)["id"] for line in taken])
@@ -96,7 +103,7 @@ class QueueSource(SourceConnector):
         return pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)
 
     def advance(self, partition: str, count: int) -> None:
-        self.positions[partition] += count
+        self.positions[partition] = self.positions.get(partition, 0) + count
 
     def checkpoint(self) -> SourceCheckpoint:
         return SourceCheckpoint({p: str(position) for p, position in self.positions.items()})
@@ -107,6 +114,17 @@ class QueueSource(SourceConnector):
 
     async def close(self) -> None:
         pass
+
+
+class ListsItsPartitionsWhenItOpens(QueueSource):
+    """Reads the partitions whose files exist when it opens: one created later goes unread."""
+
+    async def open(self, config: ConnectorConfig) -> None:
+        await super().open(config)
+        self.listed = [p for p in PARTITIONS if (self.directory / f"{p}.jsonl").exists()]
+
+    def partitions(self) -> Sequence[str]:
+        return self.listed
 
 
 class RestoresFirstPartitionOnly(QueueSource):
@@ -254,6 +272,7 @@ class PlansFromTheLinesSeenAtOpen(RangeReadableQueue):
 SOURCES: dict[str, type[QueueSource]] = {
     "outsider-queue-blind-context": QueueSource,
     "outsider-queue": QueueSource,
+    "outsider-lists-its-partitions-when-it-opens": ListsItsPartitionsWhenItOpens,
     "outsider-restores-first-partition-only": RestoresFirstPartitionOnly,
     "outsider-checkpoint-lags-in-one-partition": CheckpointLagsInOnePartition,
     "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,

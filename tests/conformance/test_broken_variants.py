@@ -101,6 +101,11 @@ OUTSIDER_VARIANTS = [
         "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
     ),
     (
+        "outsider-lists-its-partitions-when-it-opens",
+        "source",
+        "test_a_partition_that_appears_while_reading_is_read_from_its_beginning",
+    ),
+    (
         "outsider-queue-blind-context",
         "source",
         "test_the_probe_reaches_every_partition_the_source_checkpoints",
