@@ -18,11 +18,12 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 import pytest
 
+from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._profiles import PROFILES, Profile, crash_schedule
 from laminar_conformance._report import (
     ReportCollector,
@@ -274,7 +275,7 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
             argv.append(f"--laminar-spark-crashes={args.spark_crashes}")
         if junitxml is not None:
             argv.append(f"--junitxml={junitxml.resolve()}")
-        status = pytest.main(argv, plugins=[collector])
+        status = pytest.main(argv, plugins=[collector, CheckProgress()])
     elapsed = time.monotonic() - started
     if report is not None:
         write_report(report, run, collector, elapsed)
@@ -312,11 +313,51 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
     return int(status)
 
 
+SLOW_CHECK_S = 10.0
+"""A check taking longer is named with the connector calls that took most of it."""
+
+
+class CheckProgress:
+    """A pytest plugin: each check's line shows its time, and a slow one what made it slow."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport
+    ) -> Generator[None, tuple[str, str, object], tuple[str, str, object]]:
+        """``PASSED (3.2 s)``: the word pytest prints for a check, with the check's time."""
+        category, letter, word = yield
+        if report.when == "call" and isinstance(word, str) and word:
+            word = f"{word} ({report.duration:.1f} s)"
+        elif report.when == "call" and isinstance(word, tuple) and word[0]:
+            word = (f"{word[0]} ({report.duration:.1f} s)", word[1])
+        return category, letter, word
+
+    def pytest_runtest_logstart(self) -> None:
+        """Forget the calls of the check before."""
+        CALL_TIMES.take()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """After a slow check, name the connector calls that took most of its time."""
+        if report.when != "call" or report.duration < SLOW_CHECK_S:
+            return
+        slowest = [time for time in CALL_TIMES.take() if time.total_s >= report.duration / 4]
+        if slowest:
+            name = report.nodeid.split("::")[-1]
+            print(
+                f"\nlaminar conformance: {name} took {report.duration:.1f} s; "
+                + "; ".join(map(str, slowest[:2])),
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def _print_diagnoses(collector: ReportCollector) -> None:
-    """Each failed check's diagnosis: what went wrong, the minimal schedule, how to replay it."""
-    for result in collector.results.values():
-        if result.outcome != "failed":
-            continue
+    """Each failed check's diagnosis: what went wrong, the minimal schedule, how to replay it.
+
+    Those saying what a reader of the destination saw come first (see
+    :meth:`ReportCollector.failures`).
+    """
+    for result in collector.failures():
         print(f"\nFAILED {result.name}", file=sys.stderr)
         for line in result.diagnosis.splitlines():
             print(f"    {line}".rstrip(), file=sys.stderr)

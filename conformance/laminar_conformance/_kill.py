@@ -125,11 +125,12 @@ def kill_in_child(
             f"{CHILD_TIMEOUT_S:.0f} s (is a sink call hanging?); what it printed:\n{printed}"
         )
     if returncode != -signal.SIGKILL:
-        what = (
-            "ended without reaching it"
-            if returncode == _NOT_REACHED
-            else f"failed with exit status {returncode}"
-        )
+        if returncode == _NOT_REACHED:
+            what = "ended without reaching it"
+        elif returncode < 0:
+            what = f"died of signal {-returncode}, which the kit did not send (a fault in C?)"
+        else:
+            what = f"failed with exit status {returncode}"
         raise AssertionError(
             f"the child process meant to be killed at {point} {what}; what it printed:\n{printed}"
         )
@@ -158,6 +159,7 @@ class _Zygote:
         # The zygote imports what this process imports: its plugin modules may not be
         # installed.
         environment["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)
+        environment["PYTHONFAULTHANDLER"] = "1"  # a child that dies of a fault says where
         self._process = subprocess.Popen(
             [sys.executable, "-m", "laminar_conformance._kill", "--zygote", *plugins],
             stdin=subprocess.PIPE,

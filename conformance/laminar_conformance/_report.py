@@ -102,6 +102,16 @@ class ReportCollector:
             reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
             result.reason = reason.removeprefix("Skipped: ")
 
+    def failures(self) -> list[CheckResult]:
+        """The failed checks, those saying what a reader of the destination saw first.
+
+        A check whose case drew a timeline (lost or duplicated ids, and the calls that led
+        there) states the bug; then the kit's other verdicts; last, checks that failed because
+        the connector raised (often a consequence of the bug a verdict states).
+        """
+        failed = [result for result in self.results.values() if result.outcome == "failed"]
+        return sorted(failed, key=_failure_rank)
+
     def counts(self) -> Counter[str]:
         """How many checks passed, failed and were skipped."""
         return Counter(result.outcome for result in self.results.values())
@@ -162,6 +172,12 @@ class ReportCollector:
             f"{totals['restarts']} restarts, {seconds:.1f} s"
             + (f"; crash schedule(s): {schedules}" if schedules else "")
         )
+
+
+def _failure_rank(result: CheckResult) -> int:
+    if result.timeline:
+        return 0
+    return 1 if result.reason.startswith("AssertionError") else 2
 
 
 def _shown_reason(result: CheckResult) -> str:
@@ -229,7 +245,7 @@ def markdown_report(run: RunDescription, collector: ReportCollector, elapsed_s: 
     if hidden:
         lines += ["", "## Strict: core checks skipped without a stated reason", ""]
         lines += [f"- `{name}` ({skip.category})" for name, skip in hidden]
-    failed = [r for r in ordered if r.outcome == "failed"]
+    failed = collector.failures()
     if failed:
         lines += ["", "## Failures", "", f"Replay with `{run.replay_command}`.", ""]
         lines += [f"- `{r.name}`: {r.reason}" for r in failed]
@@ -247,7 +263,7 @@ def write_html_report(
     lost or duplicated.
     """
     summary = markdown_report(run, collector, elapsed_s)
-    failed = [r for r in collector.results.values() if r.outcome == "failed"]
+    failed = collector.failures()
     sections = []
     for result in failed:
         picture = Timeline.from_json(result.timeline).svg() if result.timeline else ""

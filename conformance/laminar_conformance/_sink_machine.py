@@ -15,14 +15,16 @@ import enum
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
+import pyarrow as pa
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._faults import Fault, InjectedFault, inject
 from laminar_conformance._figures import Figures
 from laminar_conformance._ledger import Attempt, AttemptStatus, Ledger
 from laminar_conformance._suite import Target
-from laminar_sdk import SimulatedCrash, SinkConnector, StateStore
+from laminar_sdk import ForwardingSink, SimulatedCrash, SinkConnector, StateStore, WriteResult
 
 FAULTS = st.sampled_from(
     [Fault.NONE] * 8
@@ -45,10 +47,45 @@ async def open_sink(
 
     :param state_store: the destination's state store, as the Spark bridge gives one.
     """
-    sink, _ = await target.plugins.registry.open_sink(
-        target.connector, properties, state_store=state_store
-    )
-    return sink
+    with CALL_TIMES.timing("the sink's open()"):
+        sink, _ = await target.plugins.registry.open_sink(
+            target.connector, properties, state_store=state_store
+        )
+    return TimedSink(sink)
+
+
+class TimedSink(ForwardingSink):
+    """An opened sink whose protocol calls are timed (see :mod:`._call_times`)."""
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """``begin_epoch``, timed."""
+        with CALL_TIMES.timing("begin_epoch"):
+            await self.wrapped.begin_epoch(epoch)
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """``write_batch``, timed."""
+        with CALL_TIMES.timing("write_batch"):
+            return await self.wrapped.write_batch(batch)
+
+    async def pre_commit(self, epoch: int) -> None:
+        """``pre_commit``, timed."""
+        with CALL_TIMES.timing("pre_commit"):
+            await self.wrapped.pre_commit(epoch)
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """``commit_epoch``, timed."""
+        with CALL_TIMES.timing("commit_epoch"):
+            await self.wrapped.commit_epoch(epoch)
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """``rollback_epoch``, timed."""
+        with CALL_TIMES.timing("rollback_epoch"):
+            await self.wrapped.rollback_epoch(epoch)
+
+    async def close(self) -> None:
+        """``close``, timed."""
+        with CALL_TIMES.timing("the sink's close()"):
+            await self.wrapped.close()
 
 
 class SinkProtocolMachine(RuleBasedStateMachine):

@@ -11,6 +11,7 @@ from typing import TypeVar
 import pyarrow as pa
 from hypothesis import strategies as st
 
+from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._delivery import CALL_TIMEOUT_S, Delivery, answered, drain
 from laminar_conformance._probe import SourceTraits, source_traits
 from laminar_conformance._suite import Target
@@ -60,9 +61,10 @@ class SourceSystem:
 
     async def open(self, checkpoint: SourceCheckpoint | None = None) -> SourceConnector:
         """A new instance, opened, and restored from ``checkpoint`` (via its JSON) if given."""
-        source, _ = await self.target.plugins.registry.open_source(
-            self.target.connector, self.context.config().properties, state_store=self.state
-        )
+        with CALL_TIMES.timing("the source's open()"):
+            source, _ = await self.target.plugins.registry.open_source(
+                self.target.connector, self.context.config().properties, state_store=self.state
+            )
         if checkpoint is not None:
             await source.restore(SourceCheckpoint.from_json(checkpoint.to_json()))
         return source
@@ -103,11 +105,12 @@ class SourceSystem:
             :data:`~laminar_conformance._delivery.CALL_TIMEOUT_S` (plus the context's
             ``poll_timeout_s``), or returns something else than the contract says.
         """
-        batch = await answered(
-            source.poll_batch(max_records),
-            f"poll_batch({max_records})",
-            CALL_TIMEOUT_S + self.idle_timeout_s,
-        )
+        with CALL_TIMES.timing("poll_batch"):
+            batch = await answered(
+                source.poll_batch(max_records),
+                f"poll_batch({max_records})",
+                CALL_TIMEOUT_S + self.idle_timeout_s,
+            )
         if batch is None:
             return False
         assert isinstance(batch, SourceBatch), (

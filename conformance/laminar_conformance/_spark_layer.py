@@ -24,6 +24,7 @@ import itertools
 import json
 import pickle
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -461,8 +462,26 @@ def _rotated(values: list[Any], turn: int) -> list[Any]:
 
 
 def _failed(run: ChildRun, what: str) -> str:
-    how = "timed out" if run.timed_out else f"failed with exit status {run.returncode}"
-    return f"{what} {how} without a crash; the end of its output:\n{run.tail()}"
+    if run.timed_out:
+        how = "timed out without a crash"
+    elif run.returncode < 0:
+        name = _signal_name(-run.returncode)
+        how = (
+            f"died of {name} (signal {-run.returncode}), which the kit did not send: the "
+            "driver's Python process crashed (a fault in a C extension the connector loads, "
+            "or in the JVM it started); its faulthandler trace, if it printed one, ends its "
+            "output"
+        )
+    else:
+        how = f"failed with exit status {run.returncode} without a crash"
+    return f"{what} {how}; the end of its output:\n{run.tail()}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
 
 
 @dataclass(slots=True)

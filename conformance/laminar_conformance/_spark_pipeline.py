@@ -176,9 +176,19 @@ class ChildRun:
     def tail(self, characters: int = 3000) -> str:
         """The end of the child's output, for a failure message."""
         try:
-            return self.log.read_text(errors="replace")[-characters:]
+            text = self.log.read_text(errors="replace")[-characters:]
         except OSError as error:
             return f"(no output: {error})"
+        return text or f"(nothing: its log {self.log} is empty)"
+
+
+def faulthandler_on(environment: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` with Python's ``faulthandler`` on, in the child and the processes it starts.
+
+    A Python process that dies of a signal (a fault in a C extension, the JVM's) then prints
+    every thread's Python traceback to its standard error, which the kit shows.
+    """
+    return {**environment, "PYTHONFAULTHANDLER": "1"}
 
 
 Crash = str | Callable[[], str | None] | None
@@ -209,7 +219,7 @@ class RunningChild:
         self._record.unlink(missing_ok=True)
         shutil.rmtree(self._temporary, ignore_errors=True)
         self._temporary.mkdir()
-        environment = spark_temporary_files_in(self._temporary)
+        environment = spark_temporary_files_in(self._temporary, faulthandler_on(os.environ))
         environment.pop(CRASH_AT_VARIABLE, None)
         environment[CRASH_RECORD_VARIABLE] = str(self._record)
         if standby:
@@ -415,7 +425,7 @@ def run_pipeline_file(
     temporary = log.with_suffix(".tmp")
     temporary.mkdir()
     environment = spark_temporary_files_in(
-        temporary, {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        temporary, faulthandler_on({**os.environ, "PYSPARK_PYTHON": sys.executable})
     )
     environment.pop(CRASH_AT_VARIABLE, None)
     environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))

@@ -50,6 +50,7 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     ConnectorRegistry,
+    SchemaMismatch,
     SinkConnector,
     SinkConnectorCapabilities,
     WriteResult,
@@ -86,6 +87,8 @@ class StoreSink(SinkConnector):
         self.pending = []
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        if not batch.schema.equals(SCHEMA):
+            raise SchemaMismatch(f"expected {SCHEMA}, got {batch.schema}")
         self.pending += batch.column("id").to_pylist()
         return WriteResult(batch.num_rows, batch.nbytes)
 

@@ -42,7 +42,9 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
         "capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit"
         in result.stdout
     )
-    assert "test_epoch_protocol_state_machine PASSED" in result.stdout, "pytest's progress"
+    assert re.search(r"test_epoch_protocol_state_machine PASSED \(\d+\.\d s\)", result.stdout), (
+        "pytest's progress, with each check's time"
+    )
     assert "warning" not in result.stdout.lower(), "a clean run prints no warnings"
     text = report.read_text()
     assert "**Result: PASSED**" in text

@@ -367,3 +367,27 @@ def test_no_records_arrive_for_a_run_that_goes_to_the_end():
     with _spark_layer._arriving(None, list) as arrived:
         pass
     assert arrived == []
+
+
+def test_a_child_dead_of_a_signal_the_kit_did_not_send_is_named_with_its_fault_trace(tmp_path):
+    log = tmp_path / "driver.log"
+    with log.open("wb") as output:
+        child = subprocess.run(
+            [sys.executable, "-c", "import ctypes; ctypes.string_at(0)"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=_spark_pipeline.faulthandler_on(os.environ),
+            check=False,
+        )
+    run = _spark_pipeline.ChildRun(child.returncode, (), log, 1.0)
+    message = _spark_layer._failed(run, "the run to be killed at commit:1")
+    assert "died of SIGSEGV (signal 11), which the kit did not send" in message
+    assert "Fatal Python error: Segmentation fault" in message
+    assert '"<string>", line 1 in <module>' in message
+
+
+def test_a_child_that_printed_nothing_says_its_log_is_empty(tmp_path):
+    log = tmp_path / "driver.log"
+    log.touch()
+    message = _spark_layer._failed(_spark_pipeline.ChildRun(-11, (), log, 1.0), "the run")
+    assert f"(nothing: its log {log} is empty)" in message
