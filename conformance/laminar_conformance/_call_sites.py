@@ -121,6 +121,8 @@ _CALLS = frozenset(
 _UNKNOWN = object()
 _GENERATOR = object()
 
+_SDK = "laminar_sdk"
+
 _STDLIB = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]})
 
 
@@ -182,22 +184,25 @@ class ConnectorCode:
 
     @classmethod
     def of(cls, connector: object) -> ConnectorCode:
-        """The code of ``connector``'s classes, bar the SDK's contract they implement."""
+        """The code of ``connector``'s classes, bar the SDK's and the standard library's.
+
+        A class's code is its top-level package, or its module when it has none; a connector
+        the SDK ships (``laminar_sdk.reference``) is its own subpackage, not the SDK's runtime.
+        """
         roots: list[str] = []
         for klass in type(connector).__mro__:
             module = sys.modules.get(klass.__module__)
             file = getattr(module, "__file__", None)
-            if (
-                module is None
-                or file is None
-                or klass.__module__.startswith("laminar_sdk._")  # the contract's classes
-                or file.startswith(_STDLIB)
-            ):
+            if file is None or file.startswith(_STDLIB):
                 continue
             package = klass.__module__.partition(".")[0]
             top = sys.modules.get(package)
             top_file = getattr(top, "__file__", None)
-            if package != klass.__module__ and top_file is not None:
+            if package == _SDK:
+                if klass.__module__.startswith(f"{_SDK}._"):
+                    continue  # the contract's classes and the runtime's wrappers
+                roots.append(str(Path(file).parent))
+            elif package != klass.__module__ and top_file is not None:
                 roots.append(str(Path(top_file).parent))
             else:
                 roots.append(str(Path(file)))
