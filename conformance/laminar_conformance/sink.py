@@ -35,6 +35,7 @@ import gc
 import itertools
 import random
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
@@ -199,9 +200,21 @@ class _Session:
         await sink.close()
 
     def run(self, scenario: Coroutine[object, object, T]) -> T:
-        """Run ``scenario``, then close the context."""
+        """Run ``scenario``, then close the context.
+
+        A crash simulated inside a call abandons what the dead instance held: a coroutine it
+        had created and not yet awaited (``await asyncio.wait_for(self._stage(batch), ...)``
+        crashed before ``wait_for``), a file it had open. A killed process never finalizes
+        them, so their "never awaited" and "unclosed" warnings are the simulation's, not the
+        sink's, and are not shown.
+        """
         try:
-            return asyncio.run(with_watched_threads(scenario))
+            with warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", "coroutine .* was never awaited", category=RuntimeWarning
+                )
+                warnings.simplefilter("ignore", ResourceWarning)
+                return asyncio.run(with_watched_threads(scenario))
         finally:
             self.context.close()
 
