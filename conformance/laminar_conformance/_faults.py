@@ -248,10 +248,16 @@ class FaultPlan:
     :param points: the faults; two at the same point fire on successive visits.
     :param crash: what a crash does, given what crashed where (default:
         :func:`simulated_crash`; in a child process the kit kills, the process's own kill).
+    :param discovering: find every crash point the calls reach (tracing them all, slowly);
+        otherwise calls are traced only where a crash inside them is planned.
     """
 
     def __init__(
-        self, points: Iterable[FaultPoint], crash: Callable[[str], NoReturn] = simulated_crash
+        self,
+        points: Iterable[FaultPoint],
+        crash: Callable[[str], NoReturn] = simulated_crash,
+        *,
+        discovering: bool = False,
     ) -> None:
         self._pending = list(points)
         self.crash = crash
@@ -266,6 +272,7 @@ class FaultPlan:
         """Every call and fault of the runs, in order: the timeline of a failure."""
         self.instance = -1
         """The sink instance the calls now go to (see :meth:`new_instance`)."""
+        self.discovering = discovering
 
     def new_instance(self) -> None:
         """Calls from now on go to a new sink instance (after a crash, or a new task)."""
@@ -285,7 +292,8 @@ class FaultPlan:
         """Crash where a crash is planned at a point inside ``call`` of ``epoch``, in this block.
 
         The points are the marked ones (:func:`laminar_sdk.crash_point`) and those before and
-        after each site of ``code`` that leaves Python (see the module).
+        after each site of ``code`` that leaves Python (see the module), traced only when
+        discovering or when a crash inside ``call`` of ``epoch`` is planned.
         """
         prefix = f"{INSIDE}{call}: "
         planned = [
@@ -330,6 +338,10 @@ class FaultPlan:
                     self.in_own_threads.add(point)
 
         watcher = CallWatcher(code, wanted, before, after, visited)
+        if not (self.discovering or planned):
+            with injecting_crash_points(marked):  # no tracing: nothing to find or fire
+                yield
+            return
         _WATCHERS.append(watcher)
         try:
             with _watching_this_thread(), injecting_crash_points(marked):

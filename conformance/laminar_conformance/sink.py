@@ -37,7 +37,7 @@ import random
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -757,7 +757,7 @@ def _check_run(
     *,
     staged: bool,
     killed_at: FaultPoint | None = None,
-) -> None:
+) -> list[FaultPoint]:
     """Run epochs of ``sizes`` with faults at ``points``; check what a reader sees.
 
     :param staged: run them as a distributed-commit sink's (each batch a write task), held to
@@ -812,6 +812,7 @@ def _check_run(
         + "; ".join(problems)
         + ("\n" + timeline.text() if plan.trace else "")
     )
+    return plan.fired
 
 
 def _points_inside(target: Target, sizes: list[list[int]]) -> FaultPlan:
@@ -820,7 +821,7 @@ def _points_inside(target: Target, sizes: list[list[int]]) -> FaultPlan:
     if session.context.committed_ids() is None:
         session.context.close()
         skip("read-back", _UNREADABLE)
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
     store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
     session.run(_run_through_faults(session, store, _epochs_of(sizes), plan))
     return plan
@@ -832,6 +833,32 @@ def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[li
         lambda chosen: dataclasses.replace(chosen[0], epoch=chosen[1])
     )
     return st.lists(moved, max_size=4)
+
+
+_CRASHES_PER_RUN = 3
+"""Crashes inside calls one run of the check takes, each in an epoch of its own (1, 2, 3)."""
+
+
+def _runs_of(
+    points: Iterable[FaultPoint], reached: Mapping[tuple[str, Fault], set[int]]
+) -> list[list[FaultPoint]]:
+    """``points`` in groups of up to :data:`_CRASHES_PER_RUN`, each at an epoch of its own.
+
+    A point goes to the first group with a free epoch among ``1 .. _CRASHES_PER_RUN`` that the
+    clean run reached it in (``reached``), at that epoch; a point reached in none of them
+    (the first epoch's own work, the last epoch's) runs alone, at its own.
+    """
+    groups: list[list[FaultPoint]] = []
+    for point in points:
+        epochs = reached[str(point.where), point.fault] & set(range(1, _CRASHES_PER_RUN + 1))
+        for group in groups if epochs else ():
+            free = sorted(epochs - {member.epoch for member in group})
+            if free and len(group) < _CRASHES_PER_RUN and 1 <= group[0].epoch <= _CRASHES_PER_RUN:
+                group.append(dataclasses.replace(point, epoch=free[0]))
+                break
+        else:
+            groups.append([point])
+    return groups
 
 
 def _chosen_points(
@@ -900,8 +927,8 @@ class SinkRecoverySuite(ConnectorSuite):
         sizes: list[list[int]],
         points: list[FaultPoint],
         killed_at: FaultPoint | None = None,
-    ) -> None:
-        _check_run(target, figures, sizes, points, staged=False, killed_at=killed_at)
+    ) -> list[FaultPoint]:
+        return _check_run(target, figures, sizes, points, staged=False, killed_at=killed_at)
 
     @pytest.mark.parametrize("point", every_fault_point(1), ids=str)
     @check
@@ -927,7 +954,7 @@ class SinkRecoverySuite(ConnectorSuite):
         that publishes its data and its epoch record in two steps loses or doubles data when
         it dies between them.
         """
-        sizes = [[2, 1], [2, 1], [3]]
+        sizes = [[2, 1]] * (_CRASHES_PER_RUN + 1) + [[3]]
         found = _points_inside(conformance, sizes)
         figures.crash_points = _coverage(found, [])
         if not found.reached_inside:
@@ -943,13 +970,37 @@ class SinkRecoverySuite(ConnectorSuite):
             skip("capability", "an at-least-once sink whose calls reached no crash point")
         crashed: list[tuple[FaultPoint, bool]] = []
         chosen = _chosen_points(found, conformance.profile, conformance.seed)
-        for point, kill in chosen:
-            crashed.append((point, kill))
+        for point in (point for point, kill in chosen if kill):
+            crashed.append((point, True))
             figures.crash_points = _coverage(found, crashed)
-            if kill:
-                self._check_run(conformance, figures, sizes, [], killed_at=point)
-            else:
-                self._check_run(conformance, figures, sizes, [point])
+            self._check_run(conformance, figures, sizes, [], killed_at=point)
+        in_process = (point for point, kill in chosen if not kill)
+        for group in _runs_of(in_process, found.reached_inside):
+            crashed += [(point, False) for point in group]
+            figures.crash_points = _coverage(found, crashed)
+            self._crash_at(conformance, figures, sizes, group)
+
+    def _crash_at(
+        self, target: Target, figures: Figures, sizes: list[list[int]], group: list[FaultPoint]
+    ) -> None:
+        """One run crashing at each point of ``group`` (one an epoch); a failure is narrowed.
+
+        A failing run is run again for each of its points alone, so that the failure reported
+        is one crash's, with its timeline; a point the run did not reach (the crash before it
+        changed what the sink did) is run alone too.
+        """
+        try:
+            fired = self._check_run(target, figures, sizes, group)
+        except AssertionError as together:
+            for point in group:
+                self._check_run(target, figures, sizes, [point])
+            raise AssertionError(
+                f"crashing at {'; '.join(map(str, group))} in one run failed, and each alone "
+                f"passed: {together}"
+            ) from together
+        for point in group:
+            if point not in fired:
+                self._check_run(target, figures, sizes, [point])
 
     @pytest.mark.parametrize("step", KILL_STEPS, ids=lambda step: step.value)
     @check

@@ -54,7 +54,7 @@ def reached_before(plan: FaultPlan) -> list[str]:
 
 
 def test_a_clean_run_finds_every_call_out_of_python_and_the_marked_points(tmp_path):
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
     with plan.inside("commit_epoch", 4, SINK_CODE):
         publish(tmp_path / "a.db")
     points = reached_before(plan)
@@ -102,7 +102,7 @@ def test_the_hooks_are_removed_after_a_crash(tmp_path):
 def test_a_call_no_profiler_reports_is_a_point_and_pure_calls_are_not(tmp_path):
     # ctypes calls report no profiler event; lmdb's types call themselves `builtins`.
     environment = lmdb.open(str(tmp_path / "kv"))
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
     with plan.inside("commit_epoch", 0, SINK_CODE):
         put_in_lmdb(environment)
     environment.close()
@@ -119,7 +119,7 @@ def test_a_call_no_profiler_reports_is_a_point_and_pure_calls_are_not(tmp_path):
 
 def test_each_run_of_an_instruction_in_a_call_is_a_point_of_its_own(tmp_path):
     sqlite3.connect(tmp_path / "a.db").execute("CREATE TABLE t (x)").connection.close()
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
     with plan.inside("commit_epoch", 0, SINK_CODE):
         insert_twice(tmp_path / "a.db")
     commits = [point for point in reached_before(plan) if "db.commit()" in point]
@@ -133,7 +133,7 @@ def test_each_run_of_an_instruction_in_a_call_is_a_point_of_its_own(tmp_path):
 
 
 def test_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
 
     async def commit_epoch_in_a_thread() -> None:
         with plan.inside("commit_epoch", 4, SINK_CODE):
@@ -147,7 +147,7 @@ def test_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
 def test_a_c_function_handed_to_an_executor_is_a_point_of_the_await(tmp_path):
     db = sqlite3.connect(tmp_path / "a.db", check_same_thread=False)
     db.execute("CREATE TABLE t (x)")
-    plan = FaultPlan([])
+    plan = FaultPlan([], discovering=True)
 
     async def commit_epoch() -> None:
         with plan.inside("commit_epoch", 0, SINK_CODE):
@@ -159,7 +159,8 @@ def test_a_c_function_handed_to_an_executor_is_a_point_of_the_await(tmp_path):
 
 def test_a_planned_crash_fires_in_an_executor_thread_and_later_calls_are_still_watched(tmp_path):
     path = tmp_path / "a.db"
-    plan = FaultPlan([FaultPoint(inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_AFTER, 4)])
+    planned = FaultPoint(inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_AFTER, 4)
+    plan = FaultPlan([planned], discovering=True)
 
     async def crash_then_commit_again() -> None:
         with (
@@ -200,3 +201,13 @@ def test_points_in_a_thread_the_sink_started_are_found_but_only_a_kill_fires_the
     # A simulated crash cannot stop a call from another thread: the writer ran to its end.
     assert (tmp_path / "a.done").exists()
     assert not plan.fired
+
+
+def test_calls_are_not_traced_when_nothing_is_to_be_found_or_fired(tmp_path):
+    plan = FaultPlan([FaultPoint(inside("commit_epoch", FIRST_COMMIT), Fault.CRASH_BEFORE, 9)])
+    with plan.inside("commit_epoch", 4, SINK_CODE):  # the planned crash is in epoch 9
+        assert sys.gettrace() is None
+        publish(tmp_path / "a.db")
+    assert [where for where, _ in plan.reached_inside] == [
+        inside("commit_epoch", "first-committed")
+    ]
