@@ -100,8 +100,9 @@ class SourceTestContext(Protocol):
     - ``skip_checks: Mapping[str, str]`` — categories of checks turned off, each with the
       reason the report prints (``{"live-appends": "the rows are fixed by the config"}``);
       the only way to turn a check off. Categories: ``replay``, ``multi-partition``,
-      ``live-appends``, ``rollback``, ``spark`` (core: ``--strict`` fails on their skips
-      unless stated here), ``range-reads``, ``read-back``, ``capability``, ``configuration``.
+      ``live-appends``, ``rollback``, ``crash-points``, ``spark`` (core: ``--strict`` fails on
+      their skips unless stated here), ``range-reads``, ``read-back``, ``capability``,
+      ``configuration``.
       Sink contexts may set it too.
     """
 

@@ -303,14 +303,11 @@ class SourceReplaySuite(ConnectorSuite):
             f"polling {steps} with crashes restoring the last checkpoint (records {counts})",
         )
         for checkpoint, before in taken[-3:]:
-            restored = await system.open(checkpoint)
-            after = Delivery()
-            await system.drain(restored, after, total - before.total())
-            await restored.close()
-            figures.epochs += 1
-            compare(
-                after.ids,
-                system.appended - before,
+            await _restored_returns_the_rest(
+                system,
+                figures,
+                checkpoint,
+                before,
                 f"restoring {checkpoint!r}, taken after ids {sorted(before.elements())[:12]} "
                 f"were returned (records {counts}, schedule {steps}), on a new instance",
             )
@@ -362,14 +359,11 @@ class SourceReplaySuite(ConnectorSuite):
             ):
                 if when.startswith("after"):
                     system.append([0] * held_back + [2])
-                restored = await system.open(checkpoint)
-                after = Delivery()
-                await system.drain(restored, after, system.appended.total() - seen.total())
-                await restored.close()
-                figures.epochs += 1
-                compare(
-                    after.ids,
-                    system.appended - seen,
+                await _restored_returns_the_rest(
+                    system,
+                    figures,
+                    checkpoint,
+                    seen,
                     f"restoring {checkpoint!r}, taken {when} (partition {held_back} was "
                     "written for the first time after the source opened)",
                 )
@@ -429,6 +423,22 @@ class SourceReplaySuite(ConnectorSuite):
                 "multi-partition",
                 "the checkpoint's offsets are not keyed by the batches' PartitionInfo.id",
             )
+
+
+async def _restored_returns_the_rest(
+    system: SourceSystem,
+    figures: Figures,
+    checkpoint: SourceCheckpoint,
+    returned: Counter[int],
+    what: str,
+) -> None:
+    """``checkpoint``, restored on a new instance, returns every record not in ``returned``."""
+    restored = await system.open(checkpoint)
+    after = Delivery()
+    await system.drain(restored, after, system.appended.total() - returned.total())
+    await restored.close()
+    figures.epochs += 1
+    compare(after.ids, system.appended - returned, what)
 
 
 def _require_range_readable(target: Target) -> None:
