@@ -23,6 +23,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._faults import Fault, InjectedFault, inject
 from laminar_conformance._figures import Figures
 from laminar_conformance._ledger import Attempt, AttemptStatus, Ledger
@@ -219,7 +220,8 @@ class DistributedCommitMachine(RuleBasedStateMachine):
     @invariant()
     def destination_matches_the_model(self) -> None:
         """A reader sees exactly the committed epochs' named attempts, once."""
-        visible = self._context.committed_ids()
+        with CALL_TIMES.timing("the test context's committed_ids()"):
+            visible = self._context.committed_ids()
         if visible is None:
             return
         problems = self._ledger.problems(visible, PROMISED)

@@ -228,7 +228,8 @@ class SinkProtocolMachine(RuleBasedStateMachine):
     @invariant()
     def destination_matches_the_model(self) -> None:
         """What a reader sees is what the capabilities promise."""
-        visible = self._context.committed_ids()
+        with CALL_TIMES.timing("the test context's committed_ids()"):
+            visible = self._context.committed_ids()
         if visible is None:
             return
         problems = self._ledger.problems(visible, self._capabilities)

@@ -47,6 +47,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._config_checks import ConfigurationSuite
 from laminar_conformance._distributed_machine import (
     DistributedCommitMachine,
@@ -128,7 +129,8 @@ def _capabilities(target: Target) -> SinkConnectorCapabilities:
 
 
 def _require_readable(context: SinkTestContext) -> Sequence[int]:
-    visible = context.committed_ids()
+    with CALL_TIMES.timing("the test context's committed_ids()"):
+        visible = context.committed_ids()
     if visible is None:
         skip("read-back", _UNREADABLE)
     return visible
