@@ -149,6 +149,12 @@ OUTSIDER_VARIANTS = [
 ]
 # Exactly-once sinks on stores the kit was never tuned to (outsider_stores.py), each committing
 # its rows and its epoch record in two transactions: caught with the default context, no marks.
+# Their correct twins pass the check with seed 1 in CI, and with seeds 2 and 3 in `tox -e full`.
+STORE_SEEDS = [
+    "1",
+    pytest.param("2", marks=pytest.mark.full),
+    pytest.param("3", marks=pytest.mark.full),
+]
 STORES = ["sqlite-sql", "sqlite-thread", "duckdb", "lmdb", "psycopg", "journal"]
 INSIDE_A_CALL = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
 STORE_VARIANTS = [(f"outsider-{store}-marker-apart", "sink", INSIDE_A_CALL) for store in STORES]
@@ -248,7 +254,7 @@ def runs(tmp_path_factory, selected_params):
             start(connector, connector, role, plugin="outsider", checks=(catching,))
         for connector, role, catching in STORE_VARIANTS:
             start(connector, connector, role, plugin="outsider_stores", checks=(catching,))
-        for store, seed in itertools.product(STORES, ("1", "2", "3")):
+        for store, seed in itertools.product(STORES, sorted(selected_params("store_seed"))):
             connector = f"outsider-{store}"
             run = f"{connector}-{seed}"
             start(
@@ -361,10 +367,10 @@ def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(r
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", ["1", "2", "3"])
+@pytest.mark.parametrize("store_seed", STORE_SEEDS)
 @pytest.mark.parametrize("store", STORES)
-def test_the_correct_store_sinks_pass_every_crash_inside_their_calls(runs, store, seed):
-    text = passing_report(runs, f"outsider-{store}-{seed}")
+def test_the_correct_store_sinks_pass_every_crash_inside_their_calls(runs, store, store_seed):
+    text = passing_report(runs, f"outsider-{store}-{store_seed}")
     row = next(line for line in text.splitlines() if line.startswith(f"| {INSIDE_A_CALL} "))
     assert "| passed |" in row, row
     coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
