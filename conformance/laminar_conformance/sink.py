@@ -975,7 +975,10 @@ class SinkRecoverySuite(ConnectorSuite):
         for point in (point for point, kill in chosen if kill):
             crashed.append((point, True))
             figures.crash_points = _coverage(found, crashed)
-            self._check_run(conformance, figures, sizes, [], killed_at=point)
+            try:
+                self._check_run(conformance, figures, sizes, [], killed_at=point)
+            except AssertionError as error:
+                raise AssertionError(f"killed with SIGKILL in a child process: {error}") from None
         in_process = (point for point, kill in chosen if not kill)
         for group in _runs_of(in_process, found.reached_inside):
             crashed += [(point, False) for point in group]
