@@ -112,16 +112,22 @@ class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
         return super().submit(_run_watched, job, submitter)
 
 
-async def with_watched_threads(scenario: Awaitable[T]) -> T:
-    """Await ``scenario`` with every thread a sink call may use watched for crash points.
+async def with_watched_threads(scenario: Awaitable[T], *, own_threads: bool = False) -> T:
+    """Await ``scenario`` with the threads a sink call may use watched for crash points.
 
     Every scenario of sink calls runs in it, so that it is in place before the loop runs any
     call: a sink that does its I/O in ``asyncio.to_thread`` (the loop's default executor) then
-    has its crash points found and fired there, as in the calling thread, and threads the sink
-    starts itself (from ``open`` on) are traced too.
+    has its crash points found and fired there, as in the calling thread.
+
+    :param own_threads: also hook every thread started in the scenario (from the sink's
+        ``open`` on), so that the points in threads the sink starts itself are found too. Only
+        for the scenarios that look for points: the hooks slow every Python call in those
+        threads.
     """
     executor = _WatchedExecutor(thread_name_prefix="laminar-conformance")
     asyncio.get_running_loop().set_default_executor(executor)
+    if not own_threads:
+        return await scenario
     previous = threading.getprofile(), threading.gettrace()
     threading.setprofile(_profile_watched)
     threading.settrace(_trace_watched)

@@ -263,7 +263,8 @@ def _serve(plugin_names: Sequence[str]) -> int:
                 os.dup2(output.fileno(), 2)
             try:
                 spec = json.loads(spec_file.read_text(encoding="utf-8"))
-                asyncio.run(with_watched_threads(_run_child(spec, plugins)))
+                inside = Fault(spec["fault"]) is not Fault.KILL  # a point inside a call
+                asyncio.run(with_watched_threads(_run_child(spec, plugins), own_threads=inside))
                 print(f"every epoch committed without reaching {_point(spec)}", file=sys.stderr)
                 status = _NOT_REACHED
             except BaseException:  # noqa: BLE001 - a child reports everything, then exits

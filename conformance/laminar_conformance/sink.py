@@ -201,8 +201,11 @@ class _Session:
         await sink.rollback_epoch(epoch)
         await sink.close()
 
-    def run(self, scenario: Coroutine[object, object, T]) -> T:
+    def run(self, scenario: Coroutine[object, object, T], *, own_threads: bool = False) -> T:
         """Run ``scenario``, then close the context.
+
+        :param own_threads: watch the threads the sink starts (see
+            :func:`~laminar_conformance._faults.with_watched_threads`).
 
         A crash simulated inside a call abandons what the dead instance held: a coroutine it
         had created and not yet awaited (``await asyncio.wait_for(self._stage(batch), ...)``
@@ -216,7 +219,7 @@ class _Session:
                     "ignore", "coroutine .* was never awaited", category=RuntimeWarning
                 )
                 warnings.simplefilter("ignore", ResourceWarning)
-                return asyncio.run(with_watched_threads(scenario))
+                return asyncio.run(with_watched_threads(scenario, own_threads=own_threads))
         finally:
             self.context.close()
 
@@ -825,7 +828,7 @@ def _points_inside(target: Target, sizes: list[list[int]]) -> FaultPlan:
         skip("read-back", _UNREADABLE)
     plan = FaultPlan([], discovering=True)
     store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
-    session.run(_run_through_faults(session, store, _epochs_of(sizes), plan))
+    session.run(_run_through_faults(session, store, _epochs_of(sizes), plan), own_threads=True)
     return plan
 
 

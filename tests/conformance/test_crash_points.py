@@ -193,7 +193,7 @@ def test_points_in_a_thread_the_sink_started_are_found_but_only_a_kill_fires_the
             await asyncio.to_thread(done.wait)
         thread.join()
 
-    asyncio.run(with_watched_threads(commit_epoch()))
+    asyncio.run(with_watched_threads(commit_epoch(), own_threads=True))
     found = {where for where, _ in plan.in_own_threads}
     assert (
         inside("commit_epoch", FIRST_COMMIT + " <- writer:" + str(line_of("publish(jobs"))) in found
