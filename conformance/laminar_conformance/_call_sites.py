@@ -477,7 +477,11 @@ class CallWatcher:
         self._counting = threading.Lock()  # the calling thread and others may count at once
 
     def own_thread(self) -> bool:
-        """Whether this thread is one the connector started (see :func:`executor_thread`)."""
+        """Whether this thread is one the connector started.
+
+        Not the caller's, nor an executor thread of the loop (which marks itself in
+        ``_EXECUTOR`` while it runs a job).
+        """
         return threading.get_ident() != self.calling_thread and not _EXECUTOR.flag
 
     def site_starts(self, frame: types.FrameType, offset: int) -> int:
@@ -525,7 +529,7 @@ class CallWatcher:
                 tracer.impure = True
                 return
             frame = frame.f_back
-        submitter = getattr(_EXECUTOR, "submitter", None)
+        submitter = _EXECUTOR.submitter
         if submitter is not None and submitter.watcher is self:
             submitter.impure = True  # a job the connector's code handed to an executor
 

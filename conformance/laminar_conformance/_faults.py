@@ -30,6 +30,7 @@ from laminar_conformance._call_sites import (
     _EXECUTOR,
     CallWatcher,
     ConnectorCode,
+    FrameTracer,
     Site,
     innermost_site,
 )
@@ -78,13 +79,13 @@ def _watching_this_thread() -> Iterator[None]:
         sys.settrace(previous[1])
 
 
-def _run_watched(job: list[Callable[[], T]], submitter: object) -> T:
+def _run_watched(job: list[Callable[[], T]], submitter: FrameTracer | None) -> T:
     # The job is taken out of the list the thread pool's work item holds, so that once the
     # call is over no reference to it (and to the sink behind it) is left in this thread.
     function = job.pop()
     if not _WATCHERS:  # submitted outside a sink call: nothing to watch for
         return function()
-    _EXECUTOR.flag, _EXECUTOR.submitter = True, submitter  # type: ignore[assignment]
+    _EXECUTOR.flag, _EXECUTOR.submitter = True, submitter
     try:
         with _watching_this_thread():
             return function()

@@ -17,7 +17,7 @@ from pathlib import Path
 import lmdb
 import pytest
 import sink_code
-from laminar_conformance._call_sites import ConnectorCode
+from laminar_conformance._call_sites import _EXECUTOR, CallWatcher, ConnectorCode, FrameTracer
 from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
 from sink_code import commit_in_an_executor, insert_twice, line_of, publish, put_in_lmdb, writer
 
@@ -144,7 +144,7 @@ def test_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
     assert not plan.in_own_threads
 
 
-def test_a_c_function_handed_to_an_executor_is_a_point_of_the_await(tmp_path):
+def test_the_await_of_a_c_function_handed_to_an_executor_is_a_point(tmp_path):
     db = sqlite3.connect(tmp_path / "a.db", check_same_thread=False)
     db.execute("CREATE TABLE t (x)")
     plan = FaultPlan([], discovering=True)
@@ -211,3 +211,22 @@ def test_calls_are_not_traced_when_nothing_is_to_be_found_or_fired(tmp_path):
     assert [where for where, _ in plan.reached_inside] == [
         inside("commit_epoch", "first-committed")
     ]
+
+
+def test_what_an_executor_job_does_outside_the_sinks_code_marks_the_site_that_handed_it_over():
+    # `await asyncio.to_thread(conn.commit)`: no frame of the sink's code runs in the thread,
+    # so what the job does out of Python belongs to the site awaiting it.
+    def nothing(*_: object) -> None:
+        return None
+
+    watcher = CallWatcher(SINK_CODE, lambda site: False, nothing, nothing, nothing)
+    awaiting = FrameTracer(watcher)
+
+    def job() -> None:
+        _EXECUTOR.flag, _EXECUTOR.submitter = True, awaiting
+        watcher.left_python(sys._getframe())
+
+    worker = threading.Thread(target=job)
+    worker.start()
+    worker.join()
+    assert awaiting.impure
