@@ -94,6 +94,8 @@ _MOVING = frozenset(
 _GONE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 _PROPERTY = re.compile(r'(?:property:?|for) "([^"]+)"')
 _IDLE_POLL_S = 0.05
+_REFETCH_AFTER_S = 2.0
+"""How long a reading that is behind its ends waits for progress before fetching again."""
 
 
 @contextlib.contextmanager
@@ -282,6 +284,42 @@ def consume_ready(consumer: Consumer, count: int, wait_s: float) -> list[Message
     return [first, *consumer.consume(count - 1, 0)]
 
 
+class FetchRestarter:
+    """Restarts the fetching of partitions whose reading stalls short of their ends.
+
+    librdkafka reports a partition's end (EOF) once per end offset it reaches; a read that
+    missed that report (a partition ending in transaction markers only, which no record
+    reveals) would wait for its timeout although nothing is left to read. Seeking a stalled
+    partition to the position already reached fetches it again from there and reports its
+    end anew; nothing is read twice, as the position is the next offset not yet taken.
+    """
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+
+    def progressed(self) -> None:
+        """Note that the reading moved on."""
+        self._since = time.monotonic()
+
+    def restart_stalled(
+        self,
+        consumer: Consumer,
+        positions: Mapping[PartitionKey, int],
+        ends: Mapping[PartitionKey, int],
+    ) -> None:
+        """Fetch again the partitions behind their ends, once no progress was made for a while.
+
+        Blocking: call it in a worker thread.
+        """
+        if time.monotonic() - self._since < _REFETCH_AFTER_S:
+            return
+        for (topic, partition), end in ends.items():
+            position = positions[topic, partition]
+            if position < end:
+                consumer.seek(TopicPartition(topic, partition, position))
+        self._since = time.monotonic()
+
+
 def require_topic(
     settings: ClientSettings, metadata: ClusterMetadata, name: str, *, action: str, key: str
 ) -> TopicMetadata:
@@ -344,7 +382,9 @@ def read_until(
     if only is not None and {(p.topic, p.partition) for p in consumer.assignment()} != {only}:
         only = None
     idle_since = time.monotonic()
+    restarter = FetchRestarter()
     while any(positions[key] < end for key, end in ends.items()):
+        before = dict(positions)
         messages = consume_ready(consumer, batch_size, _IDLE_POLL_S)
         records = [message for message in messages if message.error() is None]
         if only is None:
@@ -356,6 +396,10 @@ def read_until(
             _absorb_events(settings, messages, positions)
         if records and chunk is not None:
             idle_since = time.monotonic()
+        if positions != before:
+            restarter.progressed()
+        else:
+            restarter.restart_stalled(consumer, positions, ends)
         if chunk:
             yield chunk
         elif time.monotonic() - idle_since > settings.timeout_s:

@@ -32,6 +32,7 @@ from laminar_sdk import ConnectorConfig, ReadError
 from laminar_plugin_kafka._client import (
     CLIENT_DEFAULTS,
     LIBRDKAFKA_LOGGER,
+    FetchRestarter,
     PartitionKey,
     consume_ready,
     know_leaders,
@@ -267,7 +268,9 @@ class _CommittedReader:
             ReadError,
         )
         idle_since = time.monotonic()
+        restarter = FetchRestarter()
         while any(self._positions[key] < end for key, end in ends.items()):
+            before = dict(self._positions)
             for message in consume_ready(self._consumer, 10_000, _VISIBLE_POLL_S):
                 key = (message.topic() or "", message.partition() or 0)
                 offset = message.offset() or 0
@@ -282,6 +285,10 @@ class _CommittedReader:
                     continue
                 self._positions[key] = max(self._positions[key], offset)
                 idle_since = time.monotonic()
+            if self._positions != before:
+                restarter.progressed()
+            else:
+                restarter.restart_stalled(self._consumer, self._positions, ends)
             if time.monotonic() - idle_since > _TIMEOUT_S:
                 behind = {
                     k: (self._positions[k], e) for k, e in ends.items() if self._positions[k] < e

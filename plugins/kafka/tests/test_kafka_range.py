@@ -10,11 +10,14 @@ import textwrap
 import time
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka_testing import CLIENT_LOGGER
 from laminar_sdk import PartitionRange, ReadError, SourceCheckpoint
 from test_kafka_source import config, fill_with_transactions, open_source
+
+from laminar_plugin_kafka import _client
+from laminar_plugin_kafka._client import FetchRestarter
 
 
 async def read(source, partition: str, start: str | None, end: str) -> list[int]:
@@ -191,3 +194,47 @@ def test_a_range_whose_records_were_deleted_is_a_read_error(kafka, registry):
             await source.close()
 
     asyncio.run(scenario())
+
+
+def test_a_read_that_missed_a_partitions_end_is_told_it_again(kafka, monkeypatch):
+    """A partition ending in a transaction marker reports its end once; a restart repeats it."""
+    topic = kafka.topic()
+    producer = kafka.transactional_producer()
+    producer.begin_transaction()
+    producer.produce(topic, b"1", None, 0)
+    producer.commit_transaction(30)  # offset 0: the record, offset 1: the commit marker
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap,
+            "group.id": "test-refetch",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+            "logger": CLIENT_LOGGER,
+        }
+    )
+    key = (topic, 0)
+
+    def events(wait_s: float) -> list[tuple[int, bool]]:
+        """(offset, is an end report) of what the consumer returns within ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        seen = []
+        while time.monotonic() < deadline and not any(end for _, end in seen):
+            seen += [
+                (message.offset() or 0, message.error() is not None)
+                for message in consumer.consume(100, 0.1)
+            ]
+        return seen
+
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        assert events(30) == [(0, False), (2, True)]
+        # Had the end report been missed, the reading would stall at position 1, one short of
+        # the end: nothing tells it again ...
+        assert events(2) == []
+        # ... until the stalled partition is fetched again from its position.
+        monkeypatch.setattr(_client, "_REFETCH_AFTER_S", 0.0)
+        FetchRestarter().restart_stalled(consumer, {key: 1}, {key: 2})
+        assert events(30) == [(2, True)], "the end is reported again, and no record twice"
+    finally:
+        consumer.close()
