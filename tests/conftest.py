@@ -64,23 +64,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path, len(rank)))  # stable
 
 
-SelectedParams = Callable[[str], set[Any]]
+SelectedParams = Callable[..., set[Any]]
 
 
 @pytest.fixture(scope="module")
 def selected_params(request: pytest.FixtureRequest) -> SelectedParams:
     """``selected_params(name)``: the values of parameter ``name`` in the module's selected tests.
 
-    A module fixture that starts one child per value prepares only what the run selected:
-    ``-m "not full"`` (CI) leaves out the values marked ``full``.
+    With several names, ``selected_params(a, b)``, the tuples of their values that the selected
+    tests were given together. A module fixture that starts one child per value prepares only
+    what the run selected: ``-m "not full"`` (CI) leaves out the values marked ``full``.
     """
 
-    def values(name: str) -> set[Any]:
+    def values(*names: str) -> set[Any]:
         selected = set()
         for item in request.session.items:
             callspec = getattr(item, "callspec", None)  # None: a test without parameters
-            if item.path == request.path and callspec is not None and name in callspec.params:
-                selected.add(callspec.params[name])
+            if item.path != request.path or callspec is None:
+                continue
+            if all(name in callspec.params for name in names):
+                given = tuple(callspec.params[name] for name in names)
+                selected.add(given if len(names) > 1 else given[0])
         return selected
 
     return values

@@ -420,8 +420,12 @@ def not_installed_as_built(site_packages: Path, wheel: Path) -> set[str]:
     return built - set((site_packages / record).read_text().splitlines())
 
 
+# Builds both wheels and a tox environment with PySpark, then runs the plugin's tests, the kit with
+# its Spark layer, ruff and mypy: about six minutes of CI's twelve, so `tox -e full` runs it. CI
+# still runs the generated plugin through the kit (the staging-rename test above).
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.full
 def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     laminar_wheelhouse, tmp_path
 ):

@@ -101,7 +101,7 @@ class Profile:
 
 PROFILES = {
     "quick": Profile(
-        "quick", machine_examples=150, machine_steps=30, recovery_examples=50, replay_examples=150
+        "quick", machine_examples=100, machine_steps=30, recovery_examples=50, replay_examples=150
     ),
     "full": Profile(
         "full",

@@ -6,6 +6,7 @@ embedded ``file`` store, found like any installed store, in directories of the c
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -16,10 +17,20 @@ CHECKPOINT_STORE = "file"
 """The checkpoint store the kit's runs through the coordinator use."""
 
 
+@functools.cache
+def _checkpoint_store_factory() -> Any:  # noqa: ANN401 - the SDK does not export Checkpointer
+    """The store's factory, found like any installed store.
+
+    Found once: every Hypothesis case opens a store, and a lookup reads the entry points of
+    every installed distribution (20 ms).
+    """
+    (entry_point,) = metadata.entry_points(group="laminar_sdk.checkpointers", name=CHECKPOINT_STORE)
+    return entry_point.load()
+
+
 def checkpoint_store(directory: Path) -> Any:  # noqa: ANN401 - the SDK does not export Checkpointer
     """A checkpoint store in ``directory``, found like any installed store."""
-    (entry_point,) = metadata.entry_points(group="laminar_sdk.checkpointers", name=CHECKPOINT_STORE)
-    return entry_point.load()(str(directory), {})
+    return _checkpoint_store_factory()(str(directory), {})
 
 
 def state_store(directory: Path, role: str, connector: str) -> StateStore:
