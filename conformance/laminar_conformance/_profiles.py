@@ -67,7 +67,7 @@ class Profile:
     replay_examples: int
     spark_cases: int = 1
     spark_crashes: int = 1
-    inside_crashes: int = 40
+    inside_crashes: int = 20
     inside_kills: int = 4
 
     def settings(self, examples: int, *, seeded: bool) -> settings:

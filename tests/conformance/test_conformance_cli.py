@@ -31,10 +31,24 @@ def conformance(*arguments: str, cwd: Path, path: Path | None = None):
     )
 
 
+# What the report and the JUnit file hold, from four checks: a state machine, a fault at each
+# of the coordinator's points, capabilities not checked in process and the Spark layer (both
+# skipped, saying why).
+# The memory sink's whole run is `tox -e full`'s (`laminar conformance run memory --role sink`):
+# its distributed-commit checks take a minute of CI's twelve.
+REPORTED_CHECKS = (
+    "test_epoch_protocol_state_machine",
+    "test_delivery_survives_a_fault_at_each_point",
+    "test_capabilities_not_checked_in_process",
+    "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
+)
+
+
 def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     report, junit = tmp_path / "report.md", tmp_path / "junit.xml"
+    checks = [argument for name in REPORTED_CHECKS for argument in ("--check", name)]
     result = conformance(
-        "run", "memory", "--role", "sink", "--seed", "5", "--no-spark",
+        "run", "memory", "--role", "sink", "--seed", "5", "--no-spark", *checks,
         "--report", str(report), "--junitxml", str(junit), cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
@@ -49,7 +63,7 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     text = report.read_text()
     assert "**Result: PASSED**" in text
     assert "- Capabilities: exactly_once, idempotent, two_phase_commit, distributed_commit" in text
-    assert "- Replay: `laminar conformance run memory --role sink --seed 5 --no-spark`" in text
+    assert "- Replay: `laminar conformance run memory --role sink --seed 5 --check " in text
     assert "- Spark layer: skipped: switched off (--no-spark" in text
     assert "## Not tested, by category" in text
     assert (
@@ -61,7 +75,7 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     assert cases > 100
     assert faults > 50
     suite = ElementTree.parse(junit).getroot().find("testsuite")
-    assert int(suite.get("tests")) > 30
+    assert int(suite.get("tests")) > 25
     assert int(suite.get("failures")) == 0
     assert not (tmp_path / ".hypothesis").exists(), (
         "Hypothesis's files stay out of the caller's way"
