@@ -26,7 +26,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import NewTopic, OffsetSpec
+from confluent_kafka.admin import NewPartitions, NewTopic, OffsetSpec
 from laminar_sdk import ConnectorConfig, ReadError
 
 from laminar_plugin_kafka._client import (
@@ -344,7 +344,13 @@ class KafkaSinkContext:
 
 
 class KafkaSourceContext:
-    """The ``kafka`` source reading a fresh three-partition topic."""
+    """The ``kafka`` source reading a fresh topic that grows to three partitions.
+
+    The topic starts with two partitions; the first record appended to the third increases
+    the topic's partitions, as an operator would: a partition the kit writes first while a
+    source runs (``test_a_partition_that_appears_while_reading_is_read_from_its_beginning``)
+    is one the source has never seen.
+    """
 
     partitions = 3
     poll_timeout_s = 10.0
@@ -354,7 +360,8 @@ class KafkaSourceContext:
 
     def __init__(self) -> None:
         self._topics = topics(shared_bootstrap_servers())
-        self._topic = self._topics.take(self.partitions)
+        self._partitions = self.partitions - 1
+        self._topic = self._topics.take(self._partitions)
         self._producer = self._topics.producer()
 
     def config(self) -> ConnectorConfig:
@@ -373,11 +380,33 @@ class KafkaSourceContext:
 
         :raises RuntimeError: when the broker does not acknowledge them in time.
         """
+        if (partition or 0) >= self._partitions:
+            self._grow(partition or 0)
         for record in ids:
             text = str(record).encode()
             self._producer.produce(self._topic, text, text, partition or 0)
         if self._producer.flush(_TIMEOUT_S):
             raise RuntimeError(f"{_CONTEXT}: records to {self._topic} not acknowledged")
+
+    def _grow(self, partition: int) -> None:
+        """Increase the topic's partitions to hold ``partition``, known to the producer."""
+        count = partition + 1
+        increase = NewPartitions(self._topic, count)
+        for future in self._topics.admin.create_partitions([increase]).values():
+            future.result(timeout=_TIMEOUT_S)
+        # The producer learns of the new partition from the metadata it asks for; records
+        # it sends before the partition's leader is ready, it retries.
+        deadline = time.monotonic() + _TIMEOUT_S
+        while (
+            len(self._producer.list_topics(self._topic, _TIMEOUT_S).topics[self._topic].partitions)
+            < count
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{_CONTEXT}: partition {partition} of {self._topic} never appeared"
+                )
+            time.sleep(_VISIBLE_POLL_S)
+        self._partitions = count
 
     @staticmethod
     def ids(records: pa.RecordBatch) -> list[int]:

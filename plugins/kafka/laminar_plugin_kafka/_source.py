@@ -64,6 +64,8 @@ from laminar_plugin_kafka._records import records_batch, source_schema
 logger = logging.getLogger("laminar_plugin_kafka")
 
 _FETCH_WAIT_S = 0.05  # one consume() call's wait; poll_batch loops until poll.timeout.ms
+_DISCOVERY_INTERVAL_S = 1.0
+"""How often a source that has read every assigned partition to its end looks for new ones."""
 _RANGE_SLICE = 500  # records taken from the client at a time by read_range (see _range_batches)
 _CONSUMER_DEFAULTS = {"fetch.wait.max.ms": 100}  # librdkafka's 500 ms delays every EOF
 
@@ -145,6 +147,7 @@ class _Reader:
     watching: bool = False
     failure: BaseException | None = None
     admin: AdminClient | None = None
+    discovered_at: float = field(default_factory=time.monotonic)
 
     def offsets_client(self, topics: set[str]) -> AdminClient:
         """The client that asks for offsets (made on first use, for ``topics``).
@@ -176,7 +179,9 @@ class KafkaSource(SourceConnector, RangeReadableSource):
     assigns every partition at exactly that offset (partitions absent from it start at their
     beginning, or their end with ``start.offset=latest``). An offset that is gone (deleted by
     retention) is a :class:`ReadError`, never a silent jump. Transactions are read committed
-    by default; their markers occupy offsets, so offsets have gaps.
+    by default; their markers occupy offsets, so offsets have gaps. Partitions that appear
+    while the source reads (a topic's partitions increased) are found once the assigned ones
+    are read to their end, and read from their beginning.
 
     With ``group.id``, the group's offsets are committed from checkpoints that are known to
     be durable — the ones :meth:`restore` is given — so they never run ahead of what the
@@ -269,9 +274,40 @@ class KafkaSource(SourceConnector, RangeReadableSource):
                 consume_ready, reader.consumer, reader.settings.batch_size, _FETCH_WAIT_S
             )
             self._absorb(reader, messages)
+            if not reader.has_buffered() and await self._assign_new_partitions(reader):
+                continue
             done = reader.has_buffered() or reader.assigned <= reader.at_end
             if done or time.monotonic() >= deadline:
                 return
+
+    async def _assign_new_partitions(self, reader: _Reader) -> bool:
+        """Assign, from their beginning, partitions that appeared since the last look.
+
+        A topic's partitions can be increased while the source reads it (and a pattern can
+        match a new topic): once every assigned partition was read to its end, the source
+        looks again, at most every :data:`_DISCOVERY_INTERVAL_S`. Whether any was assigned.
+        """
+        if reader.settings.subscribe or not reader.assigned <= reader.at_end:
+            return False
+        if time.monotonic() - reader.discovered_at < _DISCOVERY_INTERVAL_S:
+            return False
+        reader.discovered_at = time.monotonic()
+        found = await asyncio.to_thread(discover_partitions, reader.settings, reader.consumer)
+        new = [key for key in found if key not in reader.assigned]
+        if not new:
+            return False
+        # Every record of a partition that appeared after the source started is new to it,
+        # under start.offset=latest too.
+        assignment = [
+            TopicPartition(t, p, reader.next.get((t, p), OFFSET_BEGINNING)) for t, p in new
+        ]
+        await asyncio.to_thread(
+            know_leaders, reader.settings.client, reader.consumer, {t for t, _ in new}
+        )
+        await asyncio.to_thread(reader.consumer.incremental_assign, assignment)
+        reader.partitions = sorted({*reader.partitions, *new})
+        reader.assigned.update(new)
+        return True
 
     def _absorb(self, reader: _Reader, messages: list[Message]) -> None:
         """File fetched records by partition; note where partitions ended."""
@@ -337,6 +373,7 @@ class KafkaSource(SourceConnector, RangeReadableSource):
                             _FETCH_WAIT_S,
                         )
                         self._absorb(reader, messages)
+                        await self._assign_new_partitions(reader)
                     except (LaminarError, KafkaException, RuntimeError) as error:
                         reader.failure = error  # raised by the next poll_batch
                 if reader.has_buffered() or reader.failure is not None:

@@ -10,8 +10,8 @@ import uuid
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from kafka_testing import CLIENT_LOGGER
+from confluent_kafka.admin import AdminClient, NewPartitions
+from kafka_testing import CLIENT_LOGGER, wait_until_visible
 from laminar_sdk import ConnectorRegistry, ReadError, SerdeError, SourceCheckpoint, SourceConnector
 
 from laminar_plugin_kafka import HEADERS_TYPE
@@ -398,3 +398,27 @@ def test_records_deleted_by_retention_are_a_read_error_not_a_jump(kafka, registr
             await source.close()
 
     asyncio.run(scenario())
+
+
+def test_a_partition_added_while_the_source_reads_is_read_from_its_beginning(kafka, registry):
+    topic = kafka.topic()
+    kafka.produce(topic, [b"1", b"2"])
+
+    async def scenario():
+        source = await open_source(registry, config(kafka, topic))
+        before = values(await drain(source))
+        increase = NewPartitions(topic, 2)
+        for future in kafka.admin.create_partitions([increase]).values():
+            await asyncio.to_thread(future.result, 30)
+        await asyncio.to_thread(wait_until_visible, kafka.admin, topic, 2)
+        await asyncio.to_thread(kafka.produce, topic, [b"3", b"4"], partition=1)
+        await asyncio.to_thread(kafka.produce, topic, [b"5"], partition=0)
+        after = await values_arriving(source, 3)
+        checkpoint = source.checkpoint()
+        await source.close()
+        return before, after, checkpoint
+
+    before, after, checkpoint = asyncio.run(scenario())
+    assert before == [b"1", b"2"]
+    assert sorted(after) == [b"3", b"4", b"5"], "the new partition's records, from its first"
+    assert checkpoint.offsets == {f"{topic}/0": "3", f"{topic}/1": "2"}
