@@ -226,10 +226,11 @@ def test_an_installed_plugin_is_checked_through_its_own_context(tmp_path, instal
         modules={"installed_plugin": PLUGIN_SOURCE},
         plugins={"installed": "installed_plugin"},
     )
-    # The Spark layer on an installed plugin: tests/test_scaffold.py (the generated project).
+    # A check that reads the destination back through the plugin's context. The Spark layer
+    # on an installed plugin: tests/test_scaffold.py's generated project (in tox -e full).
     result = conformance(
         "run", "installed-memory", "--seed", "3", "--no-spark",
-        "--check", "test_epoch_protocol_state_machine", cwd=tmp_path, path=site,
+        "--check", "test_nothing_is_visible_before_commit_epoch", cwd=tmp_path, path=site,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert "sink 'installed-memory' from laminar-plugin-installed 1.0.0" in result.stdout

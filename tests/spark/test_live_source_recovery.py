@@ -47,6 +47,10 @@ CRASHES = (
     ("commit:6", Corruption.DELETE),
 )
 PARTITION_ADDED_AFTER = 1
+# CI kills twice at the points where a re-run must hold its first run's records (a committed
+# micro-batch, a planned one), each followed by damage, then at random: four Spark drivers of
+# CI's twelve minutes instead of six. `tox -e full` runs every kill above.
+CI_CRASHES = (CRASHES[0], CRASHES[2])
 
 
 def newest_manifest(work: Path) -> Path:
@@ -54,11 +58,18 @@ def newest_manifest(work: Path) -> Path:
     return max(manifests, key=lambda path: path.parent.name)
 
 
+@pytest.mark.parametrize(
+    "crashes",
+    [
+        pytest.param(CI_CRASHES, id="two-kills"),
+        pytest.param(CRASHES, id="four-kills", marks=pytest.mark.full),
+    ],
+)
 def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
-    tmp_path: Path, spool_site: str, appender: Appender
+    tmp_path: Path, spool_site: str, appender: Appender, crashes: tuple
 ) -> None:
     pipeline = spool_pipeline(tmp_path)
-    for number, (crash, damage) in enumerate(CRASHES):
+    for number, (crash, damage) in enumerate(crashes):
         run = run_in_child(
             pipeline, tmp_path, f"run-{number}", crash=crash, python_path=(spool_site,)
         )
@@ -78,7 +89,8 @@ def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
     assert_exactly_once(appended, delivered, f"random kill seed {seed}")
     partitions = set(MemorySink.committed_table(tmp_path / "sink").column("partition").to_pylist())
     assert partitions == set(range(PARTITIONS + 1))
-    after_damage = ["run-1", "run-3", "run-random"]
+    runs = [f"run-{number}" for number in range(1, len(crashes))] + ["run-random"]
+    after_damage = [runs[number] for number, (_, damage) in enumerate(crashes) if damage]
     for name in after_damage:
         log = (tmp_path / f"{name}.log").read_text(errors="replace")
         assert "are unreadable or missing" in log, f"{name} did not use Spark's proof"
