@@ -292,29 +292,35 @@ class FetchRestarter:
     reveals) would wait for its timeout although nothing is left to read. Seeking a stalled
     partition to the position already reached fetches it again from there and reports its
     end anew; nothing is read twice, as the position is the next offset not yet taken.
+
+    :param positions: where the reading stands, moved on by the reader (positions only grow).
+    :param ends: where each partition's reading ends.
     """
 
-    def __init__(self) -> None:
-        self._since = time.monotonic()
-
-    def progressed(self) -> None:
-        """Note that the reading moved on."""
-        self._since = time.monotonic()
-
-    def restart_stalled(
-        self,
-        consumer: Consumer,
-        positions: Mapping[PartitionKey, int],
-        ends: Mapping[PartitionKey, int],
+    def __init__(
+        self, positions: Mapping[PartitionKey, int], ends: Mapping[PartitionKey, int]
     ) -> None:
-        """Fetch again the partitions behind their ends, once no progress was made for a while.
+        self._positions = positions
+        self._ends = ends
+        self._reached = self._progress()
+        self._since = time.monotonic()
 
-        Blocking: call it in a worker thread.
+    def _progress(self) -> int:
+        return sum(self._positions[key] for key in self._ends)
+
+    def restart_if_stalled(self, consumer: Consumer) -> None:
+        """Fetch again the partitions behind their ends, when no position moved for a while.
+
+        Call it after each fetch. Blocking: call it in a worker thread.
         """
+        reached = self._progress()
+        if reached != self._reached:
+            self._reached, self._since = reached, time.monotonic()
+            return
         if time.monotonic() - self._since < _REFETCH_AFTER_S:
             return
-        for (topic, partition), end in ends.items():
-            position = positions[topic, partition]
+        for (topic, partition), end in self._ends.items():
+            position = self._positions[topic, partition]
             if position < end:
                 consumer.seek(TopicPartition(topic, partition, position))
         self._since = time.monotonic()
@@ -382,9 +388,8 @@ def read_until(
     if only is not None and {(p.topic, p.partition) for p in consumer.assignment()} != {only}:
         only = None
     idle_since = time.monotonic()
-    restarter = FetchRestarter()
+    restarter = FetchRestarter(positions, ends)
     while any(positions[key] < end for key, end in ends.items()):
-        before = dict(positions)
         messages = consume_ready(consumer, batch_size, _IDLE_POLL_S)
         records = [message for message in messages if message.error() is None]
         if only is None:
@@ -396,10 +401,7 @@ def read_until(
             _absorb_events(settings, messages, positions)
         if records and chunk is not None:
             idle_since = time.monotonic()
-        if positions != before:
-            restarter.progressed()
-        else:
-            restarter.restart_stalled(consumer, positions, ends)
+        restarter.restart_if_stalled(consumer)
         if chunk:
             yield chunk
         elif time.monotonic() - idle_since > settings.timeout_s:

@@ -268,9 +268,8 @@ class _CommittedReader:
             ReadError,
         )
         idle_since = time.monotonic()
-        restarter = FetchRestarter()
+        restarter = FetchRestarter(self._positions, ends)
         while any(self._positions[key] < end for key, end in ends.items()):
-            before = dict(self._positions)
             for message in consume_ready(self._consumer, 10_000, _VISIBLE_POLL_S):
                 key = (message.topic() or "", message.partition() or 0)
                 offset = message.offset() or 0
@@ -285,10 +284,7 @@ class _CommittedReader:
                     continue
                 self._positions[key] = max(self._positions[key], offset)
                 idle_since = time.monotonic()
-            if self._positions != before:
-                restarter.progressed()
-            else:
-                restarter.restart_stalled(self._consumer, self._positions, ends)
+            restarter.restart_if_stalled(self._consumer)
             if time.monotonic() - idle_since > _TIMEOUT_S:
                 behind = {
                     k: (self._positions[k], e) for k, e in ends.items() if self._positions[k] < e
@@ -380,11 +376,12 @@ class KafkaSourceContext:
 
         :raises RuntimeError: when the broker does not acknowledge them in time.
         """
-        if (partition or 0) >= self._partitions:
-            self._grow(partition or 0)
+        partition = partition or 0
+        if partition >= self._partitions:
+            self._grow(partition)
         for record in ids:
             text = str(record).encode()
-            self._producer.produce(self._topic, text, text, partition or 0)
+            self._producer.produce(self._topic, text, text, partition)
         if self._producer.flush(_TIMEOUT_S):
             raise RuntimeError(f"{_CONTEXT}: records to {self._topic} not acknowledged")
 

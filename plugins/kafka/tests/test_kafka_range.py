@@ -234,7 +234,7 @@ def test_a_read_that_missed_a_partitions_end_is_told_it_again(kafka, monkeypatch
         assert events(2) == []
         # ... until the stalled partition is fetched again from its position.
         monkeypatch.setattr(_client, "_REFETCH_AFTER_S", 0.0)
-        FetchRestarter().restart_stalled(consumer, {key: 1}, {key: 2})
+        FetchRestarter({key: 1}, {key: 2}).restart_if_stalled(consumer)
         assert events(30) == [(2, True)], "the end is reported again, and no record twice"
     finally:
         consumer.close()
