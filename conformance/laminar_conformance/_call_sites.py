@@ -19,6 +19,7 @@ before it, so a site that is not a point costs nothing but time.
 from __future__ import annotations
 
 import ast
+import asyncio
 import builtins
 import dis
 import inspect
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from _typeshed import TraceFunction
@@ -446,6 +447,10 @@ class FrameTracer:
         return self
 
 
+Apart = Literal["thread", "task"]
+"""Where a site ran apart from the call it was reached in (see :meth:`CallWatcher.apart`)."""
+
+
 class CallWatcher:
     """Traces one protocol call: calls :attr:`before` / :attr:`after` at each site.
 
@@ -454,8 +459,8 @@ class CallWatcher:
         :attr:`before` and :attr:`after` are called only for those.
     :param before: called with a site about to run (it may raise: a crash there).
     :param after: called with a site that ran and left Python (it may raise too).
-    :param visited: called with a site that ran and left Python, and whether in a thread of
-        the connector's own (neither the calling thread nor an executor thread of the loop).
+    :param visited: called with a site that ran and left Python, and whether it ran apart
+        from the call (:meth:`apart`).
     """
 
     def __init__(
@@ -464,7 +469,7 @@ class CallWatcher:
         wanted: Callable[[Site], bool],
         before: Callable[[Site], None],
         after: Callable[[Site], None],
-        visited: Callable[[Site, bool], None],
+        visited: Callable[[Site, Apart | None], None],
     ) -> None:
         self.code = code
         self.wanted = wanted
@@ -476,13 +481,23 @@ class CallWatcher:
         self._visits: dict[tuple[types.CodeType, int], int] = {}
         self._counting = threading.Lock()  # the calling thread and others may count at once
 
-    def own_thread(self) -> bool:
-        """Whether this thread is one the connector started.
+    def apart(self) -> Apart | None:
+        """Where this runs, if apart from the call: a thread or a task the connector started.
 
-        Not the caller's, nor an executor thread of the loop (which marks itself in
-        ``_EXECUTOR`` while it runs a job).
+        ``"thread"``: not the caller's thread, nor an executor thread of the loop (which
+        marks itself in ``_EXECUTOR`` while it runs a job). ``"task"``: in the caller's
+        thread, an asyncio task whose coroutine is the connector's own
+        (``asyncio.create_task(self._fetch())``). A crash raised in either would end that
+        thread or task, not the call, which may wait for it: only a real kill stops both.
         """
-        return threading.get_ident() != self.calling_thread and not _EXECUTOR.flag
+        if threading.get_ident() != self.calling_thread:
+            return None if _EXECUTOR.flag else "thread"
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            return None
+        code = getattr(None if task is None else task.get_coro(), "cr_code", None)
+        return "task" if isinstance(code, types.CodeType) and self.code.owns(code) else None
 
     def site_starts(self, frame: types.FrameType, offset: int) -> int:
         """A site of the connector's code is about to run in ``frame``: which run of it."""
@@ -499,7 +514,7 @@ class CallWatcher:
         if not impure:
             return
         site = site_at(frame.f_code, offset).reached(visit, frame.f_back, self.code)
-        self.visited(site, self.own_thread())
+        self.visited(site, self.apart())
         if self.wanted(site):
             self.after(site)
 

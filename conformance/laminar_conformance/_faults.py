@@ -1,4 +1,4 @@
-"""Fault injection: errors and crashes around a sink's protocol calls, and inside them.
+"""Fault injection: errors and crashes around a connector's protocol calls, and inside them.
 
 The points inside a call are the ones its author marked with :func:`laminar_sdk.crash_point`,
 and the ones the kit finds by tracing the call (:mod:`laminar_conformance._call_sites`): before
@@ -17,9 +17,11 @@ import concurrent.futures
 import contextlib
 import enum
 import functools
+import gc
 import sys
 import threading
 import types
+import warnings
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, TypeVar
@@ -28,6 +30,7 @@ import pyarrow as pa
 
 from laminar_conformance._call_sites import (
     _EXECUTOR,
+    Apart,
     CallWatcher,
     ConnectorCode,
     FrameTracer,
@@ -41,6 +44,9 @@ from laminar_sdk import (
     ProtocolStep,
     SimulatedCrash,
     SinkConnector,
+    SourceBatch,
+    SourceCheckpoint,
+    SourceConnector,
     WriteResult,
     injecting_crash_points,
 )
@@ -181,6 +187,9 @@ SINK_CALLS = ("begin_epoch", "write_batch", "pre_commit", "commit_epoch", "rollb
 DISTRIBUTED_CALLS = ("stage", "commit_aggregated")
 """The calls of a distributed-commit sink the kit injects faults into."""
 
+SOURCE_CALLS = ("restore", "poll_batch", "checkpoint")
+"""The source calls the kit crashes inside."""
+
 
 @dataclass(frozen=True, slots=True)
 class FaultPoint:
@@ -249,6 +258,34 @@ def simulated_crash(message: str) -> NoReturn:
     raise SimulatedCrash(message)
 
 
+def release_crashed_run(crash: SimulatedCrash) -> None:
+    """Let go of what a crashed run held, before the next opens anything.
+
+    What a killed process held goes with it (open connections, database locks): the crash's
+    frames, which hold the dead instances, are dropped — the finished tasks and futures it
+    went through (a call in an executor thread, the coordinator's timeout) still hold the
+    exception — and collected.
+    """
+    crash.with_traceback(None)
+    gc.collect()
+
+
+@contextlib.contextmanager
+def dropping_what_crashes_left() -> Iterator[None]:
+    """Run runs that crash in process in this block, and collect what they left at its end.
+
+    A coroutine a simulated crash left unstarted (made, then crashed before it was awaited or
+    made a task) is dropped without Python's "never awaited" warning, whenever the dead
+    instance is collected: a killed process leaves no warning either.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+        try:
+            yield
+        finally:
+            gc.collect()
+
+
 class FaultPlan:
     """Faults to inject, each the first time its point is reached.
 
@@ -275,6 +312,9 @@ class FaultPlan:
         self.in_own_threads: set[tuple[str, Fault]] = set()
         """Those of :attr:`reached_inside` reached in a thread the connector started, where
         only a real kill crashes the process."""
+        self.in_own_tasks: set[tuple[str, Fault]] = set()
+        """Those reached in an asyncio task the connector started: a crash raised there
+        would end the task, not the call waiting for it, so only a real kill crashes there."""
         self.trace: list[TraceEvent] = []
         """Every call and fault of the runs, in order: the timeline of a failure."""
         self.instance = -1
@@ -311,7 +351,7 @@ class FaultPlan:
         ]
 
         def wanted(site: Site) -> bool:
-            if not planned or (watcher.own_thread() and not self.kills):
+            if not planned or (watcher.apart() and not self.kills):
                 return False
             place = prefix + site.place
             return any(where.startswith(place) for where in planned)
@@ -325,10 +365,9 @@ class FaultPlan:
         def marked(name: str) -> None:
             point = (prefix + name, Fault.CRASH_BEFORE)
             self.reached_inside.setdefault(point, set()).add(epoch)
-            own_thread = watcher.own_thread()
-            if own_thread:
-                self.in_own_threads.add(point)
-            if self.kills or not own_thread:
+            apart = watcher.apart()
+            self._note_apart(point, apart)
+            if self.kills or not apart:
                 crash_if_planned(*point)
 
         def before(site: Site) -> None:
@@ -337,12 +376,11 @@ class FaultPlan:
         def after(site: Site) -> None:
             crash_if_planned(f"{prefix}{site}", Fault.CRASH_AFTER)
 
-        def visited(site: Site, own_thread: bool) -> None:
+        def visited(site: Site, apart: Apart | None) -> None:
             for fault in (Fault.CRASH_BEFORE, Fault.CRASH_AFTER):
                 point = (f"{prefix}{site}", fault)
                 self.reached_inside.setdefault(point, set()).add(epoch)
-                if own_thread:
-                    self.in_own_threads.add(point)
+                self._note_apart(point, apart)
 
         watcher = CallWatcher(code, wanted, before, after, visited)
         if not (self.discovering or planned):
@@ -355,6 +393,12 @@ class FaultPlan:
                 yield
         finally:
             _WATCHERS.remove(watcher)
+
+    def _note_apart(self, point: tuple[str, Fault], apart: Apart | None) -> None:
+        if apart == "thread":
+            self.in_own_threads.add(point)
+        elif apart == "task":
+            self.in_own_tasks.add(point)
 
     def __len__(self) -> int:
         """How many faults are still to fire."""
@@ -509,3 +553,44 @@ class FaultySink(ForwardingSink):
         """The wrapped sink's distributed commit, with the planned faults, if it offers one."""
         staging = self.wrapped.as_distributed_commit()
         return None if staging is None else FaultyDistributedCommit(staging, self._plan)
+
+
+class FaultySource:
+    """An opened source's protocol calls in ``epoch``, with a :class:`FaultPlan`'s crashes inside.
+
+    Only what a run of epochs calls is here (:data:`SOURCE_CALLS`, and ``close``): the kit's
+    runner is its one user.
+    """
+
+    def __init__(self, source: SourceConnector, plan: FaultPlan, epoch: int) -> None:
+        self.wrapped = source
+        self._plan = plan
+        self._epoch = epoch
+        self._code = ConnectorCode.of(source)
+        plan.new_instance()
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        """``restore``, with the crashes planned inside it."""
+        restore = self.wrapped.restore
+        await self._plan.call("restore", self._epoch, self._code, lambda: restore(checkpoint))
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        """``poll_batch``, with the crashes planned inside it."""
+        polled: list[SourceBatch | None] = []
+
+        async def poll() -> None:
+            polled.append(await self.wrapped.poll_batch(max_records))
+
+        await self._plan.call("poll_batch", self._epoch, self._code, poll)
+        return polled[0]
+
+    def checkpoint(self) -> SourceCheckpoint:
+        """``checkpoint``, with the crashes planned inside it."""
+        with self._plan.inside("checkpoint", self._epoch, self._code):
+            taken = self.wrapped.checkpoint()
+        self._plan.record("checkpoint", self._epoch, "ok")
+        return taken
+
+    async def close(self) -> None:
+        """The source's ``close`` (no fault: a crashed instance is never closed)."""
+        await self.wrapped.close()

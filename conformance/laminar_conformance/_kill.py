@@ -1,20 +1,22 @@
-"""A real ``kill -9``: a sink's epochs run in a child process that SIGKILLs itself at a point.
+"""A real ``kill -9``: a connector's epochs run in a child process that kills itself at a point.
 
 The in-process crashes (:class:`~laminar_sdk.SimulatedCrash`) stop the runtime where a killed
 process stops, but the process lives on: the dead instance is garbage-collected, which flushes
-what its open files still buffered, and its threads finish their work. A sink that returns
-from ``pre_commit`` while its staging sits in a Python buffer, or in a writer thread's queue,
-passes them — and loses the epoch when Spark's driver really dies. So the kit also runs the
-first epochs in a child process that kills itself with SIGKILL at a step after which the sink
-has promised durability, or at a crash point inside a call (the only way to crash a sink in a
+what its open files still buffered, and its threads finish their work. A sink that returns from
+``pre_commit`` while its staging sits in a Python buffer, or in a writer thread's queue, passes
+them — and loses the epoch when Spark's driver really dies. So the kit also runs the first
+epochs in a child process that kills itself with SIGKILL at a step after which the sink has
+promised durability, or at a crash point inside a call (the only way to crash a sink in a
 thread of its own); the kit then recovers and finishes the run in its own process, on new
-instances, and counts the ids. The children are forked from a process that imported the kit
-and the plugins once (``python -m laminar_conformance._kill --zygote PLUGIN...``).
+instances, and counts the ids. A source's epochs are killed the same way at points inside its
+calls (:mod:`laminar_conformance._source_runs`): the child keeps what its epochs commit on
+disk, and the kit goes on from there. The children are forked from a process that imported the
+kit and the plugins once (``python -m laminar_conformance._kill --zygote PLUGIN...``).
 
 The child is given everything as data: the connector, its configuration, the extra plugin
-modules to import, the checkpoint store's directory and each epoch's batches as Arrow IPC
-files. Before it kills itself it writes the calls it made (its timeline) for the failure
-message.
+modules to import, its state store's directory and, for a sink, the checkpoint store's
+directory and each epoch's batches as Arrow IPC files. Before it kills itself it writes the
+calls it made (its timeline) for the failure message.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -47,8 +49,9 @@ from laminar_conformance._faults import (
     TraceEvent,
     with_watched_threads,
 )
+from laminar_conformance._source_runs import Committed, SourceSchedule, run_source_epochs
 from laminar_conformance._stores import checkpoint_store, state_store
-from laminar_sdk import EpochCoordinator, ProtocolStep, RetryPolicy
+from laminar_sdk import EpochCoordinator, ProtocolStep, RetryPolicy, SourceConnector
 
 if TYPE_CHECKING:
     from laminar_conformance.contexts import ConformancePlugins
@@ -64,25 +67,34 @@ _NOT_REACHED = 3
 """The child's exit status when its epochs ended without reaching the kill."""
 
 
+@dataclass(frozen=True, slots=True)
+class Child:
+    """What a child process the kit kills opens: a connector, as the kit's own run opens it.
+
+    :param plugins: extra plugin modules, imported by name in the child.
+    :param state: the directory of the connector's state store.
+    """
+
+    connector: str
+    properties: dict[str, str]
+    plugins: Sequence[str]
+    state: Path
+
+
 def kill_in_child(
+    child: Child,
     *,
-    connector: str,
-    properties: dict[str, str],
-    plugins: Sequence[str],
     store: Path,
-    state: Path,
     epochs: Sequence[Sequence[pa.RecordBatch]],
     point: FaultPoint,
     plan: FaultPlan,
 ) -> None:
-    """Run ``epochs`` through the coordinator in a child process killed at ``point``.
+    """Run a sink's ``epochs`` through the coordinator in a child process killed at ``point``.
 
     The child's calls are added to ``plan``'s trace (as sink instance 0, followed by the
     kill), and ``point`` to the faults it fired; the next instance the plan sees is 1.
 
-    :param plugins: extra plugin modules, imported by name in the child.
     :param store: the checkpoint store's directory.
-    :param state: the directory of the sink's state store.
     :raises AssertionError: when the child fails, or ends without reaching ``point``, saying
         what it printed.
     """
@@ -95,34 +107,60 @@ def kill_in_child(
             for batch in batches:
                 writer.write_batch(batch)
         files.append(str(file))
+    spec: dict[str, object] = {"role": "sink", "store": str(store), "epochs": files}
+    _run_killed(directory, spec, child, point, plan)
+
+
+def kill_source_in_child(
+    child: Child,
+    *,
+    schedule: SourceSchedule,
+    poll_timeout_s: float,
+    point: FaultPoint,
+    plan: FaultPlan,
+) -> Committed:
+    """Read a source's epochs of ``schedule`` in a child process killed at ``point``.
+
+    As :func:`kill_in_child`, for a source (:mod:`laminar_conformance._source_runs`).
+
+    :returns: what the child's epochs committed before the kill.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="kill-", dir=child.state.parent))
+    spec: dict[str, object] = {
+        "role": "source",
+        "schedule": asdict(schedule),
+        "poll_timeout_s": poll_timeout_s,
+        "committed": str(directory),
+    }
+    _run_killed(directory, spec, child, point, plan)
+    return Committed.load(directory)
+
+
+def _run_killed(
+    directory: Path, spec: dict[str, object], child: Child, point: FaultPoint, plan: FaultPlan
+) -> None:
+    """Run ``spec`` (its role's part) in a forked child killed at ``point``; see its callers."""
     trace = directory / "trace.json"
-    spec = directory / "spec.json"
-    spec.write_text(
-        json.dumps(
-            {
-                "connector": connector,
-                "properties": properties,
-                "plugins": list(plugins),
-                "store": str(store),
-                "state": str(state),
-                "epochs": files,
-                "where": point.where.value
-                if isinstance(point.where, ProtocolStep)
-                else point.where,
-                "fault": point.fault.value,
-                "epoch": point.epoch,
-                "trace": str(trace),
-            }
-        ),
-        encoding="utf-8",
-    )
-    zygote = _zygote(tuple(plugins))
-    returncode = zygote.run(spec, timeout_s=CHILD_TIMEOUT_S)
-    printed = _tail(spec.with_name("stderr.txt").read_text(errors="replace"))
+    spec_file = directory / "spec.json"
+    where = point.where.value if isinstance(point.where, ProtocolStep) else point.where
+    spec |= {
+        "connector": child.connector,
+        "properties": child.properties,
+        "plugins": list(child.plugins),
+        "state": str(child.state),
+        "where": where,
+        "fault": point.fault.value,
+        "epoch": point.epoch,
+        "trace": str(trace),
+    }
+    spec_file.write_text(json.dumps(spec), encoding="utf-8")
+    zygote = _zygote(tuple(child.plugins))
+    returncode = zygote.run(spec_file, timeout_s=CHILD_TIMEOUT_S)
+    printed = _tail(spec_file.with_name("stderr.txt").read_text(errors="replace"))
     if returncode is None:
         raise AssertionError(
             f"the child process meant to be killed at {point} did not get there within "
-            f"{CHILD_TIMEOUT_S:.0f} s (is a sink call hanging?); what it printed:\n{printed}"
+            f"{CHILD_TIMEOUT_S:.0f} s (is a connector call hanging?); what it printed:\n{printed}"
         )
     if returncode != -signal.SIGKILL:
         if returncode == _NOT_REACHED:
@@ -232,6 +270,13 @@ async def _run_child(spec: dict[str, Any], plugins: ConformancePlugins) -> None:
         raise AssertionError("unreachable: SIGKILL was sent")  # pragma: no cover
 
     plan = FaultPlan([_point(spec)], crash=kill)
+    if spec["role"] == "source":
+        await _read_source(spec, plugins, plan)
+    else:
+        await _write_sink(spec, plugins, plan)
+
+
+async def _write_sink(spec: dict[str, Any], plugins: ConformancePlugins, plan: FaultPlan) -> None:
     state = state_store(Path(spec["state"]), "sink", spec["connector"])
     opened, _ = await plugins.registry.open_sink(
         spec["connector"], spec["properties"], state_store=state
@@ -246,6 +291,21 @@ async def _run_child(spec: dict[str, Any], plugins: ConformancePlugins) -> None:
             reader = pa.ipc.open_file(source)
             batches = [reader.get_batch(index) for index in range(reader.num_record_batches)]
         await coordinator.run_epoch(epoch, batches, {})
+
+
+async def _read_source(spec: dict[str, Any], plugins: ConformancePlugins, plan: FaultPlan) -> None:
+    state = state_store(Path(spec["state"]), "source", spec["connector"])
+
+    async def open_source() -> SourceConnector:
+        source, _ = await plugins.registry.open_source(
+            spec["connector"], spec["properties"], state_store=state
+        )
+        return source
+
+    committed = Committed(Path(spec["committed"]))
+    schedule = SourceSchedule(**spec["schedule"])
+    timeout_s = float(spec["poll_timeout_s"])
+    await run_source_epochs(open_source, plan, schedule, committed, poll_timeout_s=timeout_s)
 
 
 def _serve(plugin_names: Sequence[str]) -> int:

@@ -40,7 +40,9 @@ class SourceSystem:
         self.live_appends = self.traits.live_appends
         self.idle_timeout_s = float(getattr(self.context, "poll_timeout_s", 0.0))
         self.appended: Counter[int] = Counter()
-        self.state = target.new_state_store()
+        self.state_directory = target.new_state_directory()
+        """Where :attr:`state` is kept (a child process the kit kills opens it there too)."""
+        self.state = target.new_state_store(self.state_directory)
         self._next_id = itertools.count()
 
     def append(self, counts: list[int]) -> None:

@@ -87,9 +87,11 @@ class Target:
 
         :param directory: where it is kept (default: a new directory).
         """
-        if directory is None:
-            directory = Path(tempfile.mkdtemp(prefix="state-", dir=self.directory))
-        return state_store(directory, str(self.role), self.connector)
+        return state_store(directory or self.new_state_directory(), str(self.role), self.connector)
+
+    def new_state_directory(self) -> Path:
+        """A new directory for a state store (one a child process the kit kills opens too)."""
+        return Path(tempfile.mkdtemp(prefix="state-", dir=self.directory))
 
     def _workdir(self) -> Path:
         # mkdtemp, not TempPathFactory.mktemp: that lists every sibling to number the new

@@ -19,7 +19,11 @@ _BOX_WIDTH = 118
 _BOX_HEIGHT = 34
 _ROW_GAP = 18
 _LEFT = 96
-_ROWS = {"instance": "sink instance", "run": "run of the Spark driver"}
+_ROWS = {
+    "instance": "sink instance",
+    "source": "source instance",
+    "run": "run of the Spark driver",
+}
 _COLOURS = {"ok": "#d8ead3", "error": "#fde3b5", "crash": "#f4b6b6", "raised": "#f9d1a0"}
 
 
@@ -28,7 +32,8 @@ class Timeline:
     """The events of a failing case, and what a reader saw at its end.
 
     :param rows: what a row (an event's ``instance``) is: ``instance``, a sink instance (a
-        crash starts a new one), or ``run``, a run of a Spark driver (a kill ends it).
+        crash starts a new one), ``source``, a source instance (one an epoch, and a new one
+        after a crash), or ``run``, a run of a Spark driver (a kill ends it).
     """
 
     events: tuple[TraceEvent, ...]

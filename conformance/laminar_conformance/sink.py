@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import itertools
-import random
 import tempfile
 import warnings
 from collections import Counter
-from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, TypeVar
 
@@ -55,20 +53,21 @@ from laminar_conformance._distributed_machine import (
     distributed,
 )
 from laminar_conformance._faults import (
-    INSIDE,
     Fault,
     FaultPlan,
     FaultPoint,
     FaultySink,
     InjectedFault,
+    dropping_what_crashes_left,
     every_distributed_fault_point,
     every_fault_point,
+    release_crashed_run,
     with_watched_threads,
 )
 from laminar_conformance._figures import Figures
-from laminar_conformance._kill import KILL_STEPS, kill_in_child
+from laminar_conformance._inside_crashes import CRASHES_PER_RUN, coverage, crash_at_chosen_points
+from laminar_conformance._kill import KILL_STEPS, Child, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
-from laminar_conformance._profiles import Profile
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
@@ -154,7 +153,7 @@ class _Session:
         self.target = target
         self.context = target.sink_context()
         self.properties = self.context.config().properties
-        self.state_directory = Path(tempfile.mkdtemp(prefix="state-", dir=target.directory))
+        self.state_directory = target.new_state_directory()
         self.state = target.new_state_store(self.state_directory)
 
     async def open(self) -> SinkConnector:
@@ -636,7 +635,7 @@ async def _run_through_faults(
         if crash is not None:
             restarts += 1
             del sink, coordinator  # this frame's references to the dead instance
-            _release_crashed_run(crash)
+            release_crashed_run(crash)
             continue
         await sink.close()
         return restarts
@@ -672,7 +671,7 @@ async def _run_staged_through_faults(
                 epoch += 1
         except SimulatedCrash as crash:
             restarts += 1  # the run dies; Spark runs the epoch not in its commit log again
-            _release_crashed_run(crash)
+            release_crashed_run(crash)
     return restarts
 
 
@@ -717,18 +716,6 @@ async def _stage_and_commit(
         return False
     await driver.close()
     return True
-
-
-def _release_crashed_run(crash: SimulatedCrash) -> None:
-    """Let go of what a crashed run held, before the next opens anything.
-
-    What a killed process held goes with it (open connections, database locks): the crash's
-    frames, which hold the dead instances, are dropped — the finished tasks and futures it
-    went through (a call in an executor thread, the coordinator's timeout) still hold the
-    exception — and collected.
-    """
-    crash.with_traceback(None)
-    gc.collect()
 
 
 def _delivery_problems(
@@ -782,11 +769,13 @@ def _check_run(
     if killed_at is not None:
         try:
             kill_in_child(
-                connector=target.connector,
-                properties=dict(session.properties),
-                plugins=target.extra_plugins,
+                Child(
+                    target.connector,
+                    dict(session.properties),
+                    target.extra_plugins,
+                    session.state_directory,
+                ),
                 store=store,
-                state=session.state_directory,
                 epochs=[[session.context.batch(ids) for ids in batches] for batches in epochs],
                 point=killed_at,
                 plan=plan,
@@ -800,7 +789,8 @@ def _check_run(
         restarts = await run(session, store, epochs, plan)
         return restarts, session.visible()
 
-    restarts, visible = session.run(scenario())
+    with dropping_what_crashes_left():
+        restarts, visible = session.run(scenario())
     figures.cases += 1
     figures.restarts += restarts
     figures.faults += len(plan.fired)
@@ -838,86 +828,6 @@ def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[li
         lambda chosen: dataclasses.replace(chosen[0], epoch=chosen[1])
     )
     return st.lists(moved, max_size=4)
-
-
-_CRASHES_PER_RUN = 3
-"""Crashes inside calls one run of the check takes, each in an epoch of its own (1, 2, 3)."""
-
-
-def _runs_of(
-    points: Iterable[FaultPoint], reached: Mapping[tuple[str, Fault], set[int]]
-) -> list[list[FaultPoint]]:
-    """``points`` in groups of up to :data:`_CRASHES_PER_RUN`, each at an epoch of its own.
-
-    A point goes to the first group with a free epoch among ``1 .. _CRASHES_PER_RUN`` that the
-    clean run reached it in (``reached``), at that epoch; a point reached in none of them
-    (the first epoch's own work, the last epoch's) runs alone, at its own.
-    """
-    groups: list[list[FaultPoint]] = []
-    for point in points:
-        epochs = reached[str(point.where), point.fault] & set(range(1, _CRASHES_PER_RUN + 1))
-        for group in groups if epochs else ():
-            free = sorted(epochs - {member.epoch for member in group})
-            if free and len(group) < _CRASHES_PER_RUN and 1 <= group[0].epoch <= _CRASHES_PER_RUN:
-                group.append(dataclasses.replace(point, epoch=free[0]))
-                break
-        else:
-            groups.append([point])
-    return groups
-
-
-def _chosen_points(
-    found: FaultPlan, profile: Profile, seed: int | None
-) -> list[tuple[FaultPoint, bool]]:
-    """The crash points inside calls to crash at, each with whether by a real kill.
-
-    Every site is crashed at once at least, before or after it (drawn with ``seed``), and the
-    other side of each up to the profile's ``inside_crashes`` cases in all. A sink that runs
-    code in threads of its own is only killed: a simulated crash stops the calling thread, and
-    its threads would go on (holding their transactions and locks) where a killed process
-    takes them along. Otherwise, up to the profile's ``inside_kills``, points are crashed at
-    both ways: one point of each call first, then the others.
-    """
-    draw = random.Random(seed or 0)  # noqa: S311 - a test selection, not a secret
-    by_site: dict[str, list[Fault]] = {}
-    for where, fault in sorted(found.reached_inside, key=lambda point: (point[0], point[1].value)):
-        by_site.setdefault(where, []).append(fault)
-    first = [(where, draw.choice(faults)) for where, faults in by_site.items()]
-    rest = [(w, f) for w, faults in by_site.items() for f in faults if (w, f) not in first]
-    draw.shuffle(rest)
-    points = first + rest[: max(0, profile.inside_crashes - len(first))]
-    threaded = bool(found.in_own_threads)
-    by_call = {where.removeprefix(INSIDE).partition(":")[0]: (where, f) for where, f in points}
-    to_kill = [*by_call.values(), *(point for point in points if point not in by_call.values())]
-    killed = set(points if threaded else to_kill[: profile.inside_kills])
-    chosen = []
-    for where, fault in points:
-        epochs = found.reached_inside[where, fault]
-        point = FaultPoint(where, fault, 1 if 1 in epochs else min(epochs))
-        if not threaded:
-            chosen.append((point, False))
-        if (where, fault) in killed:
-            chosen.append((point, True))
-    return chosen
-
-
-def _coverage(found: FaultPlan, crashed: list[tuple[FaultPoint, bool]]) -> str:
-    """Per sink call of a clean run: the crash points found inside it, and those crashed at."""
-    calls = dict.fromkeys(event.what for event in found.trace if not event.what.startswith("step"))
-    parts = []
-    for call in calls:
-        prefix = f"{INSIDE}{call}: "
-        points = [point for point in found.reached_inside if point[0].startswith(prefix)]
-        sites = {where for where, _ in points}
-        if not points:
-            parts.append(f"{call}: no point (nothing it ran left Python)")
-            continue
-        hit = [kill for point, kill in crashed if str(point.where).startswith(prefix)]
-        parts.append(
-            f"{call}: {len(sites)} site(s), {len(points)} point(s), crashed at "
-            f"{hit.count(False)} in process and {hit.count(True)} killed"
-        )
-    return "; ".join(parts)
 
 
 class SinkRecoverySuite(ConnectorSuite):
@@ -959,9 +869,9 @@ class SinkRecoverySuite(ConnectorSuite):
         that publishes its data and its epoch record in two steps loses or doubles data when
         it dies between them.
         """
-        sizes = [[2, 1]] * (_CRASHES_PER_RUN + 1) + [[3]]
+        sizes = [[2, 1]] * (CRASHES_PER_RUN + 1) + [[3]]
         found = _points_inside(conformance, sizes)
-        figures.crash_points = _coverage(found, [])
+        figures.crash_points = coverage(found, [])
         if not found.reached_inside:
             if _capabilities(conformance).exactly_once:
                 skip(
@@ -973,42 +883,12 @@ class SinkRecoverySuite(ConnectorSuite):
                     "crash_point, or state why none exists in the context's skip_checks",
                 )
             skip("capability", "an at-least-once sink whose calls reached no crash point")
-        crashed: list[tuple[FaultPoint, bool]] = []
-        chosen = _chosen_points(found, conformance.profile, conformance.seed)
-        for point in (point for point, kill in chosen if kill):
-            crashed.append((point, True))
-            figures.crash_points = _coverage(found, crashed)
-            try:
-                self._check_run(conformance, figures, sizes, [], killed_at=point)
-            except AssertionError as error:
-                raise AssertionError(f"killed with SIGKILL in a child process: {error}") from None
-        in_process = (point for point, kill in chosen if not kill)
-        for group in _runs_of(in_process, found.reached_inside):
-            crashed += [(point, False) for point in group]
-            figures.crash_points = _coverage(found, crashed)
-            self._crash_at(conformance, figures, sizes, group)
 
-    def _crash_at(
-        self, target: Target, figures: Figures, sizes: list[list[int]], group: list[FaultPoint]
-    ) -> None:
-        """One run crashing at each point of ``group`` (one an epoch); a failure is narrowed.
+        def check_run(points: list[FaultPoint], killed_at: FaultPoint | None) -> list[FaultPoint]:
+            return self._check_run(conformance, figures, sizes, points, killed_at=killed_at)
 
-        A failing run is run again for each of its points alone, so that the failure reported
-        is one crash's, with its timeline; a point the run did not reach (the crash before it
-        changed what the sink did) is run alone too.
-        """
-        try:
-            fired = self._check_run(target, figures, sizes, group)
-        except AssertionError as together:
-            for point in group:
-                self._check_run(target, figures, sizes, [point])
-            raise AssertionError(
-                f"crashing at {'; '.join(map(str, group))} in one run failed, and each alone "
-                f"passed: {together}"
-            ) from together
-        for point in group:
-            if point not in fired:
-                self._check_run(target, figures, sizes, [point])
+        profile, seed = conformance.profile, conformance.seed
+        crash_at_chosen_points(found, profile, seed, figures, check_run)
 
     @pytest.mark.parametrize("step", KILL_STEPS, ids=lambda step: step.value)
     @check

@@ -33,8 +33,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from laminar_conformance._config_checks import ConfigurationSuite
-from laminar_conformance._delivery import Delivery, read_enough
+from laminar_conformance._delivery import CALL_TIMEOUT_S, Delivery, read_enough
+from laminar_conformance._faults import (
+    FaultPlan,
+    FaultPoint,
+    dropping_what_crashes_left,
+    with_watched_threads,
+)
 from laminar_conformance._figures import Figures
+from laminar_conformance._inside_crashes import coverage, crash_at_chosen_points
+from laminar_conformance._kill import Child, kill_source_in_child
 from laminar_conformance._probe import skip_if_turned_off, source_traits
 from laminar_conformance._range_reads import (
     RangeCase,
@@ -45,8 +53,10 @@ from laminar_conformance._range_reads import (
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SourceRuntimeSuite
 from laminar_conformance._skips import skip
+from laminar_conformance._source_runs import Committed, SourceSchedule, run_source_epochs
 from laminar_conformance._source_system import SourceSystem, compare
 from laminar_conformance._suite import ConnectorSuite, Target, check
+from laminar_conformance._timeline import Timeline
 from laminar_sdk import (
     Closed,
     ConnectorRole,
@@ -313,6 +323,39 @@ class SourceReplaySuite(ConnectorSuite):
             )
 
     @check
+    def test_delivery_survives_a_crash_at_each_point_inside_a_call(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A crash before and after every place a clean run's source calls leave Python.
+
+        Epochs are read as the Spark bridge reads micro-batches (a new instance a batch,
+        restored from the last committed checkpoint); the kit traces ``restore``,
+        ``poll_batch`` and ``checkpoint`` as it does a sink's calls (docs/conformance-kit.md,
+        "Crash points") and crashes at each point found — in process, and for a seeded
+        sample with a real SIGKILL of a child process. What an epoch read is lost with it
+        when it crashes; the next instance restores the last committed checkpoint, and in
+        the end every record must have been read once. A source with side effects in its
+        calls — records archived, acknowledged or moved as they are read, in two steps —
+        fails here when a crash between the steps leaves a record both read and still there,
+        or gone without being read.
+        """
+        _require_replay(conformance)
+        found = _read_through_crashes(conformance, figures, [], discovering=True)
+        figures.crash_points = coverage(found, [])
+        if not found.reached_inside:
+            skip(
+                "capability",
+                "a clean run's source calls reached no crash point: none of them called out of "
+                "Python, and none is marked with laminar_sdk.crash_point",
+            )
+
+        def check_run(points: list[FaultPoint], killed_at: FaultPoint | None) -> list[FaultPoint]:
+            return _read_through_crashes(conformance, figures, points, killed_at=killed_at).fired
+
+        profile, seed = conformance.profile, conformance.seed
+        crash_at_chosen_points(found, profile, seed, figures, check_run)
+
+    @check
     def test_a_partition_that_appears_while_reading_is_read_from_its_beginning(
         self, conformance: Target, figures: Figures
     ) -> None:
@@ -423,6 +466,81 @@ class SourceReplaySuite(ConnectorSuite):
                 "multi-partition",
                 "the checkpoint's offsets are not keyed by the batches' PartitionInfo.id",
             )
+
+
+SCHEDULE = SourceSchedule()
+"""The epochs :meth:`SourceReplaySuite.test_delivery_survives_a_crash_at_each_point_inside_a_call`
+reads."""
+
+
+def _read_through_crashes(
+    target: Target,
+    figures: Figures,
+    points: list[FaultPoint],
+    *,
+    killed_at: FaultPoint | None = None,
+    discovering: bool = False,
+) -> FaultPlan:
+    """Read :data:`SCHEDULE`'s epochs crashing at ``points``, then the rest; check every record.
+
+    :param killed_at: first read the epochs in a child process killed with SIGKILL there,
+        then go on in this one from what its epochs committed.
+    :param discovering: find the crash points inside the calls (and watch threads the source
+        starts itself).
+    :returns: the plan, with the points found and those fired.
+    """
+    system = SourceSystem(target)
+    system.append([SCHEDULE.records_per_partition] * system.partitions)
+    plan = FaultPlan(points, discovering=discovering)
+    poll_timeout_s = CALL_TIMEOUT_S + system.idle_timeout_s
+    committed = Committed()
+    if killed_at is not None:
+        try:
+            properties = dict(system.context.config().properties)
+            committed = kill_source_in_child(
+                Child(target.connector, properties, target.extra_plugins, system.state_directory),
+                schedule=SCHEDULE,
+                poll_timeout_s=poll_timeout_s,
+                point=killed_at,
+                plan=plan,
+            )
+        except AssertionError:
+            system.context.close()
+            raise
+        figures.restarts += 1
+
+    async def scenario() -> tuple[int, list[int]]:
+        crashes = await run_source_epochs(
+            system.open, plan, SCHEDULE, committed, poll_timeout_s=poll_timeout_s
+        )
+        read = sum(batch.num_rows for batches in committed.batches for batch in batches)
+        last = committed.checkpoint
+        source = await system.open(None if last is None else SourceCheckpoint.from_json(last))
+        rest = Delivery()
+        await system.drain(source, rest, system.appended.total() - read)
+        await source.close()
+        return crashes, rest.ids
+
+    with dropping_what_crashes_left():
+        crashes, rest = system.run(with_watched_threads(scenario(), own_threads=discovering))
+    figures.cases += 1
+    figures.restarts += crashes
+    figures.faults += len(plan.fired)
+    figures.epochs += SCHEDULE.epochs + 1
+    read = [
+        record
+        for batches in committed.batches
+        for batch in batches
+        for record in system.context.ids(batch)
+    ]
+    fired = "; ".join(map(str, plan.fired)) or "none fired"
+    try:
+        compare(read + rest, system.appended, f"{SCHEDULE}, with faults [{fired}], then the rest")
+    except AssertionError as failure:
+        timeline = Timeline(tuple(plan.trace), (str(failure),), rows="source")
+        figures.timeline = timeline.to_json()
+        raise AssertionError(f"{failure}\n{timeline.text()}") from None
+    return plan
 
 
 async def _restored_returns_the_rest(

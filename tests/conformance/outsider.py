@@ -7,16 +7,18 @@ context, which fills one partition only; ``outsider-lists-its-partitions-when-it
 only the partition files that exist when it opens). ``outsider-sqlite`` is an exactly-once
 SQLite sink that publishes an epoch's rows and records the epoch in one transaction;
 ``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch`` (in a worker
-thread), unmarked.
-``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
+thread), unmarked. ``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
 ``outsider-jsonl-buffered-pre-commit`` returns from ``pre_commit`` with the rows still in the
-file's buffer. Four more pass every in-process check of the epoch protocol and break only on
-Spark — the kit must catch them first: a source stamping records in nanoseconds, one inferring
-its schema from the data, one that takes records off the queue when it polls (lost when it is
-closed holding some), and a sink taking unsigned ids. The source's test context is written as
-an author writes one after reading only the protocol: it does not declare ``partitions`` or
-``live_appends`` — the kit has to find out. Used with ``--plugin outsider``; it imports
-nothing from the kit.
+file's buffer. ``outsider-outbox`` reads an SQLite outbox table and moves what it read to an
+archive in one transaction; ``outsider-outbox-archives-apart`` copies and deletes in two, so
+that a crash between them leaves rows both archived and queued (read twice after a restore):
+only a crash inside ``poll_batch`` shows it. Four more pass every in-process check of the epoch
+protocol and break only on Spark — the kit must catch them first: a source stamping records in
+nanoseconds, one inferring its schema from the data, one that takes records off the queue when
+it polls (lost when it is closed holding some), and a sink taking unsigned ids. The source's
+test context is written as an author writes one after reading only the protocol: it does not
+declare ``partitions`` or ``live_appends`` — the kit has to find out. Used with ``--plugin
+outsider``; it imports nothing from the kit.
 """
 
 from __future__ import annotations
@@ -269,7 +271,110 @@ class PlansFromTheLinesSeenAtOpen(RangeReadableQueue):
         return self.counted_at_open
 
 
-SOURCES: dict[str, type[QueueSource]] = {
+# Sources: an SQLite outbox, moved to an archive as it is read -------------------------------
+
+OUTBOX_TABLES = (
+    "CREATE TABLE IF NOT EXISTS outbox (partition TEXT, seq INTEGER, id INTEGER);"
+    "CREATE TABLE IF NOT EXISTS archive (partition TEXT, seq INTEGER, id INTEGER);"
+)
+
+
+class OutboxSource(SourceConnector):
+    """Reads an SQLite outbox, partition by partition, moving the rows it read to an archive.
+
+    Producers insert ``(partition, seq, id)`` rows into ``outbox``. To keep it small, the
+    source moves each batch it returns into ``archive``, in one transaction, and reads both
+    tables, so that an instance restored from an earlier checkpoint finds what a later one
+    moved. Autocommit mode: transactions are SQL statements run through ``execute``.
+    """
+
+    def __init__(self) -> None:
+        self.db: sqlite3.Connection | None = None
+        self.positions: dict[str, int] = {}
+        self.cursor = 0
+
+    async def open(self, config: ConnectorConfig) -> None:
+        path = config.properties.get("path")
+        if not path:
+            raise ConfigurationError("outbox source: set `path` to the database file", key="path")
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        self.db.executescript(OUTBOX_TABLES)
+
+    def connection(self) -> sqlite3.Connection:
+        if self.db is None:
+            raise InvalidState("open()", "not opened")
+        return self.db
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    def partitions(self) -> list[str]:
+        rows = self.connection().execute(
+            "SELECT partition FROM outbox UNION SELECT partition FROM archive ORDER BY 1"
+        )
+        return [row[0] for row in rows]
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        partitions = self.partitions()
+        for _ in partitions:
+            self.cursor %= len(partitions)
+            partition = partitions[self.cursor]
+            self.cursor += 1
+            start = self.positions.get(partition, 0)
+            rows = (
+                self.connection()
+                .execute(
+                    "SELECT seq, id FROM (SELECT * FROM archive UNION ALL SELECT * FROM outbox) "
+                    "WHERE partition = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (partition, start, max_records),
+                )
+                .fetchall()
+            )
+            if rows:
+                last = rows[-1][0]
+                self.archive(partition, start, last)
+                self.positions[partition] = last
+                records = pa.record_batch([pa.array([row[1] for row in rows], pa.int64())], SCHEMA)
+                return SourceBatch(records, PartitionInfo(partition, str(last)))
+        return None
+
+    def archive(self, partition: str, after: int, through: int) -> None:
+        db = self.connection()
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(ARCHIVE, (partition, after, through))
+        db.execute(UNQUEUE, (partition, after, through))
+        db.execute("COMMIT")
+
+    def checkpoint(self) -> SourceCheckpoint:
+        return SourceCheckpoint({p: str(position) for p, position in self.positions.items()})
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        self.positions = {p: int(offset) for p, offset in checkpoint.offsets.items()}
+
+    async def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+            self.db = None
+
+
+ARCHIVE = "INSERT INTO archive SELECT * FROM outbox WHERE partition = ? AND seq > ? AND seq <= ?"
+UNQUEUE = "DELETE FROM outbox WHERE partition = ? AND seq > ? AND seq <= ?"
+
+
+class OutboxSourceArchivesApart(OutboxSource):
+    """Copies the rows to the archive in one transaction and deletes them in a second one."""
+
+    def archive(self, partition: str, after: int, through: int) -> None:
+        db = self.connection()
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(ARCHIVE, (partition, after, through))
+        db.execute("COMMIT")
+        db.execute("BEGIN IMMEDIATE")
+        db.execute(UNQUEUE, (partition, after, through))
+        db.execute("COMMIT")
+
+
+SOURCES: dict[str, type[SourceConnector]] = {
     "outsider-queue-blind-context": QueueSource,
     "outsider-queue": QueueSource,
     "outsider-lists-its-partitions-when-it-opens": ListsItsPartitionsWhenItOpens,
@@ -282,6 +387,8 @@ SOURCES: dict[str, type[QueueSource]] = {
     "outsider-acknowledges-on-receipt": AcknowledgesOnReceipt,
     "outsider-queue-ranges": RangeReadableQueue,
     "outsider-plans-from-the-lines-seen-at-open": PlansFromTheLinesSeenAtOpen,
+    "outsider-outbox": OutboxSource,
+    "outsider-outbox-archives-apart": OutboxSourceArchivesApart,
 }
 
 
@@ -302,6 +409,37 @@ class QueueContext:
             file.writelines(json.dumps({"id": record}) + "\n" for record in ids)
             file.flush()
             os.fsync(file.fileno())
+
+    def ids(self, records: pa.RecordBatch) -> list[int]:
+        return [int(value) for value in records.column("id").to_pylist()]
+
+    def close(self) -> None:
+        pass
+
+
+class OutboxContext:
+    """A fresh outbox database in ``workdir``; ``append`` inserts rows as a producer would."""
+
+    def __init__(self, connector: str, workdir: Path) -> None:
+        self.connector = connector
+        self.path = workdir / "outbox.db"
+        with contextlib.closing(sqlite3.connect(self.path)) as db:
+            db.executescript(OUTBOX_TABLES)
+
+    def config(self) -> ConnectorConfig:
+        return ConnectorConfig(self.connector, {"path": str(self.path)})
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        name = PARTITIONS[partition or 0]
+        with contextlib.closing(sqlite3.connect(self.path, timeout=30)) as db, db:
+            last = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM "
+                "(SELECT seq FROM outbox WHERE partition = ? UNION ALL "
+                "SELECT seq FROM archive WHERE partition = ?)",
+                (name, name),
+            ).fetchone()[0]
+            rows = [(name, last + 1 + n, record) for n, record in enumerate(ids)]
+            db.executemany("INSERT INTO outbox VALUES (?, ?, ?)", rows)
 
     def ids(self, records: pa.RecordBatch) -> list[int]:
         return [int(value) for value in records.column("id").to_pylist()]
@@ -573,7 +711,7 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 @hookimpl
 def laminar_conformance_context(
     connector: str, role: str, workdir: Path
-) -> QueueContext | SqliteContext | JsonLinesContext | None:
+) -> QueueContext | OutboxContext | SqliteContext | JsonLinesContext | None:
     if role == "sink" and connector.startswith("outsider-jsonl"):
         return JsonLinesContext(connector, workdir)
     if role == "sink" and connector in SINKS:
@@ -582,4 +720,6 @@ def laminar_conformance_context(
         return None
     if connector == "outsider-queue-blind-context":
         return BlindContext(connector, workdir)
+    if connector.startswith("outsider-outbox"):
+        return OutboxContext(connector, workdir)
     return QueueContext(connector, workdir)

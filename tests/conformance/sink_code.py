@@ -66,3 +66,12 @@ async def commit_in_an_executor(db: sqlite3.Connection) -> None:
     """Hands a C function itself to the loop's executor: no frame of this module runs there."""
     db.execute("INSERT INTO t VALUES (1)")
     await asyncio.to_thread(db.commit)
+
+
+async def publish_in_a_task(path: Path) -> None:
+    """A task the sink starts and waits for: its work runs apart from the call's own task."""
+    await asyncio.get_running_loop().create_task(_publish_later(path))
+
+
+async def _publish_later(path: Path) -> None:
+    publish(path)

@@ -9,6 +9,7 @@ library: these tests call C through a method (``sqlite3``), a module function (`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import sys
 import threading
@@ -19,7 +20,17 @@ import pytest
 import sink_code
 from laminar_conformance._call_sites import _EXECUTOR, CallWatcher, ConnectorCode, FrameTracer
 from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
-from sink_code import commit_in_an_executor, insert_twice, line_of, publish, put_in_lmdb, writer
+from laminar_conformance._inside_crashes import chosen_points, site_of
+from laminar_conformance._profiles import PROFILES
+from sink_code import (
+    commit_in_an_executor,
+    insert_twice,
+    line_of,
+    publish,
+    publish_in_a_task,
+    put_in_lmdb,
+    writer,
+)
 
 from laminar_sdk import SimulatedCrash, crash_point, injecting_crash_points
 
@@ -201,6 +212,44 @@ def test_points_in_a_thread_the_sink_started_are_found_but_only_a_kill_fires_the
     # A simulated crash cannot stop a call from another thread: the writer ran to its end.
     assert (tmp_path / "a.done").exists()
     assert not plan.fired
+
+
+def test_points_in_a_task_the_sink_started_are_found_but_only_a_kill_fires_there(tmp_path):
+    in_task = f"{FIRST_COMMIT} <- _publish_later:{line_of('publish(path)')}"
+    planned = FaultPoint(inside("commit_epoch", in_task), Fault.CRASH_AFTER, 0)
+    plan = FaultPlan([planned], discovering=True)
+
+    async def commit_epoch() -> None:
+        with plan.inside("commit_epoch", 0, SINK_CODE):
+            await publish_in_a_task(tmp_path / "a.db")
+
+    asyncio.run(commit_epoch())
+    assert (planned.where, Fault.CRASH_AFTER) in plan.in_own_tasks
+    assert not plan.in_own_threads
+    # Raised in the task, a crash would end the task and leave the call waiting on it: the
+    # call ran to its end, and the point is kept for a real kill.
+    assert (tmp_path / "a.done").exists()
+    assert not plan.fired
+    chosen = chosen_points(plan, PROFILES["quick"], 1)
+    task_points = [point for point, kill in chosen if point.where == planned.where]
+    assert task_points
+    assert all(kill for point, kill in chosen if (point.where, point.fault) in plan.in_own_tasks)
+
+
+def test_every_site_is_chosen_once_at_its_first_run_before_the_runs_of_a_loop(tmp_path):
+    plan = FaultPlan([], discovering=True)
+    with sqlite3.connect(tmp_path / "a.db") as db:
+        db.execute("CREATE TABLE t (x)")
+    db.close()
+    with plan.inside("commit_epoch", 1, SINK_CODE):
+        insert_twice(tmp_path / "a.db")
+    sites = {site_of(where) for where, _ in plan.reached_inside}
+    budget = dataclasses.replace(PROFILES["quick"], inside_crashes=1, inside_kills=0)
+    chosen = [point.where for point, _ in chosen_points(plan, budget, 1)]
+    # One point a site, at its first run, although the budget is one case.
+    assert sorted(chosen) == sorted(sites)
+    assert not any("(run 2)" in str(where) for where in chosen)
+    assert any(str(where).endswith("(run 2)") for where, _ in plan.reached_inside)
 
 
 def test_calls_are_not_traced_when_nothing_is_to_be_found_or_fired(tmp_path):
