@@ -39,6 +39,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import parquet
 
+from laminar_conformance._delivery import read_enough
 from laminar_conformance._faults import TraceEvent
 from laminar_conformance._figures import Figures
 from laminar_conformance._probe import source_traits
@@ -242,7 +243,7 @@ class SparkLayer:
                 arrive = case.arrive if point is not None else None
                 planned = functools.partial(case.pipeline.spark_batches, "offsets")
                 with _arriving(arrive, planned) as arrived:
-                    run = next(children).wait()
+                    run = next(children).wait(case.read_again if case.source_under_test else None)
                 if arrived:
                     self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
                 newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
@@ -255,6 +256,9 @@ class SparkLayer:
                         # the source holds now.
                         self._progress(f"{case.arrive()} new ids appended while the driver is down")
                     continue
+                if run.stopped:
+                    result.problems.append(f"run {number} was stopped: {run.stopped}")
+                    return result
                 if run.returncode != 0:
                     what = (
                         "the last run (no crash)"
@@ -498,6 +502,8 @@ class _Case:
     arrive: Callable[[], int] | None = None
     """Append a micro-batch of new records to a live source, across its partitions, while a
     run goes on or its driver is down; returns how many (``None``: the source is not live)."""
+    source_under_test: bool = False
+    """Whether the connector under test is the pipeline's source (its sink is ``memory``)."""
 
     @classmethod
     def build(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
@@ -597,7 +603,32 @@ class _Case:
             lambda: MemorySink.committed_ids(sink) if sink.exists() else [],
             context.close,
             arrive if traits.live_appends else None,
+            source_under_test=True,
         )
+
+    def read_again(self) -> str:
+        """Why the run has failed already, for a source under test that reads records again.
+
+        Certain while the run goes on, and never right: with exactly-once delivery, an id the
+        reader sees twice; in any case, more ids than twice those appended (a source that keeps
+        returning what it returned before never ends, and would run to the timeout). ``""``
+        when neither.
+        """
+        visible = Counter(self.read_back() or ())
+        twice = sorted(record for record, count in visible.items() if count > 1)
+        if twice and self.exactly_once:
+            return (
+                f"ids {_shown(twice)} ({len(twice)}) were delivered twice with exactly-once "
+                "delivery while the pipeline ran: the source returned records again (does "
+                "restore() resume after the checkpoint's offsets?)"
+            )
+        if read_enough(visible.total(), len(self.ids)):
+            return (
+                f"the reader saw {visible.total()} records of {len(self.ids)} ids appended "
+                "while the pipeline ran: the source keeps returning records it returned before "
+                "(does restore() resume after the checkpoint's offsets?)"
+            )
+        return ""
 
     def delivery_problems(self) -> list[str]:
         """How what a reader sees now differs from every id once (or at least once)."""

@@ -160,6 +160,8 @@ class ChildRun:
     :param log: where the child's output is.
     :param seconds: how long the child ran.
     :param timed_out: whether the kit killed the child for running too long.
+    :param stopped: why the kit killed the child before its end, certain it had failed (see
+        :meth:`RunningChild.wait`), or ``""``.
     """
 
     returncode: int
@@ -167,6 +169,7 @@ class ChildRun:
     log: Path
     seconds: float
     timed_out: bool = False
+    stopped: str = ""
 
     @property
     def crashed(self) -> bool:
@@ -190,6 +193,9 @@ def faulthandler_on(environment: Mapping[str, str]) -> dict[str, str]:
     """
     return {**environment, "PYTHONFAULTHANDLER": "1"}
 
+
+WATCH_INTERVAL_S = 2.0
+"""How often a running child's progress is looked at for a failure already certain."""
 
 Crash = str | Callable[[], str | None] | None
 """A run's crash point as ``LAMINAR_SPARK_CRASH_AT`` takes it, ``None`` for none, or a callable
@@ -288,21 +294,31 @@ class RunningChild:
         """
         _kill_group(self._process.pid)
 
-    def wait(self) -> ChildRun:
+    def wait(self, failed: Callable[[], str] | None = None) -> ChildRun:
         """Wait for the child (killing it when it overruns its timeout), then clean up.
 
         A child standing by is released first.
+
+        :param failed: asked every :data:`WATCH_INTERVAL_S` while the child runs: why the run
+            has certainly failed already (``""``: it has not). The child is then killed, and
+            the run says why (:attr:`ChildRun.stopped`), instead of running to its timeout.
         """
         self.release()
-        timed_out = False
+        timed_out, stopped = False, ""
+        deadline = self._started + self._timeout_s
+        interval = self._timeout_s if failed is None else WATCH_INTERVAL_S
+        returncode: int | None = None
         try:
-            returncode = self._process.wait(
-                max(0.0, self._started + self._timeout_s - time.monotonic())
-            )
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(self._process.pid)
-            returncode = self._process.wait()
+            while returncode is None:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    returncode = self._process.wait(min(left, interval))
+                except subprocess.TimeoutExpired:
+                    timed_out = time.monotonic() >= deadline
+                    stopped = "" if timed_out or failed is None else failed()
+                    if timed_out or stopped:
+                        _kill_group(self._process.pid)
+                        returncode = self._process.wait()
         finally:
             _kill_group(self._process.pid)  # Python workers orphaned by a killed JVM, if any
             shutil.rmtree(self._temporary, ignore_errors=True)  # what a killed JVM left
@@ -311,7 +327,7 @@ class RunningChild:
             lines = self._record.read_text(encoding="utf-8").splitlines()
             crashes = tuple(json.loads(line) for line in lines if line.strip())
         seconds = time.monotonic() - self._started
-        return ChildRun(returncode, crashes, self._log, seconds, timed_out)
+        return ChildRun(returncode, crashes, self._log, seconds, timed_out, stopped)
 
 
 def start_child(

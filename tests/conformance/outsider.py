@@ -138,6 +138,13 @@ class RestoresFirstPartitionOnly(QueueSource):
             break
 
 
+class RestoresNothing(QueueSource):
+    """Forgets to seek: every restored instance reads each partition from its first line."""
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        pass
+
+
 class CheckpointLagsInOnePartition(QueueSource):
     """Counts partition p1's position from 1 in its checkpoint (an off-by-one in one place)."""
 
@@ -379,6 +386,7 @@ SOURCES: dict[str, type[SourceConnector]] = {
     "outsider-queue": QueueSource,
     "outsider-lists-its-partitions-when-it-opens": ListsItsPartitionsWhenItOpens,
     "outsider-restores-first-partition-only": RestoresFirstPartitionOnly,
+    "outsider-restores-nothing": RestoresNothing,
     "outsider-checkpoint-lags-in-one-partition": CheckpointLagsInOnePartition,
     "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,
     "outsider-advances-the-next-partition": AdvancesTheNextPartition,

@@ -191,6 +191,31 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     assert "| test_spark_pipeline_killed_at_crash_points_restarts_without_loss | passed |" in text
 
 
+@pytest.mark.spark
+@pytest.mark.full
+def test_a_source_that_reads_its_records_again_is_stopped_as_soon_as_it_is_certain(tmp_path):
+    """A polled source whose restore() does nothing reads from its start in every micro-batch,
+    forever: the run is stopped once a reader sees ids twice, not at the query's timeout."""
+    report = tmp_path / "report.md"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "laminar_conformance", "run", "outsider-restores-nothing",
+            "--role", "source", "--seed", "1", "--plugin", "outsider", "--report", str(report),
+            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
+        ],
+        cwd=tmp_path,
+        env=python_path(HERE),
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout[-5000:] + result.stderr[-3000:]
+    text = report.read_text()
+    assert "was stopped: ids [" in text, text
+    assert "were delivered twice with exactly-once delivery while the pipeline ran" in text
+    assert "timed out" not in text
+
+
 # The layer's own logic, without Spark. -------------------------------------------------------
 
 
@@ -391,3 +416,41 @@ def test_a_child_that_printed_nothing_says_its_log_is_empty(tmp_path):
     log.touch()
     message = _spark_layer._failed(_spark_pipeline.ChildRun(-11, (), log, 1.0), "the run")
     assert f"(nothing: its log {log} is empty)" in message
+
+
+def test_a_run_certain_to_have_failed_is_killed_saying_why(tmp_path):
+    """A child asked whether it failed already is killed as soon as it says why (no Spark needed:
+    the child is killed while its driver may still be starting)."""
+    endless = _spark_pipeline.SparkPipeline(
+        source="generator",
+        source_options={"rows": str(10**12)},
+        sink="memory",
+        sink_options={"path": str(tmp_path / "sink")},
+        checkpoint_location=str(tmp_path / "checkpoint"),
+    )
+    child = _spark_pipeline.start_child(endless, tmp_path, "run")
+    answers = iter(["", "the source reads again"])
+    run = child.wait(lambda: next(answers))
+    assert run.stopped == "the source reads again"
+    assert not run.timed_out
+    assert run.returncode < 0  # killed, not ended
+    assert next(answers, "asked no more") == "asked no more"
+
+
+def _source_case(read_back, *, exactly_once: bool) -> _spark_layer._Case:
+    pipeline = _spark_pipeline.SparkPipeline("s", {}, "memory", {}, "checkpoint")
+    return _spark_layer._Case(
+        Path(), pipeline, [1, 2, 3], exactly_once, False, read_back, lambda: None
+    )
+
+
+def test_a_source_reading_records_again_is_certain_once_a_reader_sees_too_many():
+    exactly_once = _source_case(lambda: [1, 2, 1], exactly_once=True)
+    assert "ids [1] (1) were delivered twice with exactly-once delivery" in (
+        exactly_once.read_again()
+    )
+    # At least once, a replay may repeat records: only far more than appended is certain.
+    assert _source_case(lambda: [1, 2, 1], exactly_once=False).read_again() == ""
+    endless = _source_case(lambda: [1, 2, 3] * 40, exactly_once=False).read_again()
+    assert "keeps returning records it returned before" in endless
+    assert _source_case(lambda: [1, 2, 3], exactly_once=True).read_again() == ""
