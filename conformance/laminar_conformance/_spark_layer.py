@@ -555,11 +555,15 @@ class _Case:
         partitions = traits.partitions
         ids = ids[: len(ids) - len(ids) % partitions] if traits.equal_partitions else list(ids)
 
-        def append(fresh: list[int]) -> None:
-            for partition in range(partitions):
-                context.append(fresh[partition::partitions], partition if partitions > 1 else None)
+        def append(fresh: list[int], into: int = partitions) -> None:
+            for partition in range(into):
+                context.append(fresh[partition::into], partition if partitions > 1 else None)
 
-        append(ids)
+        # A live source's last partition is first written while the first run to be killed
+        # goes on (a topic's partitions increased, a new file under a directory): the pipeline
+        # must read it from its beginning, once.
+        appears = partitions > 1 and traits.live_appends and not traits.equal_partitions
+        append(ids, partitions - 1 if appears else partitions)
         fresh_ids = itertools.count(max(ids, default=-1) + 1)
 
         def arrive() -> int:
