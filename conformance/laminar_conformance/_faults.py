@@ -187,9 +187,6 @@ SINK_CALLS = ("begin_epoch", "write_batch", "pre_commit", "commit_epoch", "rollb
 DISTRIBUTED_CALLS = ("stage", "commit_aggregated")
 """The calls of a distributed-commit sink the kit injects faults into."""
 
-SOURCE_CALLS = ("restore", "poll_batch", "checkpoint")
-"""The source calls the kit crashes inside."""
-
 
 @dataclass(frozen=True, slots=True)
 class FaultPoint:
@@ -558,8 +555,8 @@ class FaultySink(ForwardingSink):
 class FaultySource:
     """An opened source's protocol calls in ``epoch``, with a :class:`FaultPlan`'s crashes inside.
 
-    Only what a run of epochs calls is here (:data:`SOURCE_CALLS`, and ``close``): the kit's
-    runner is its one user.
+    Only what a run of epochs calls is here (``restore``, ``poll_batch``, ``checkpoint`` and
+    ``close``): the kit's runner is its one user.
     """
 
     def __init__(self, source: SourceConnector, plan: FaultPlan, epoch: int) -> None:

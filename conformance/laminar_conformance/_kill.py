@@ -49,7 +49,13 @@ from laminar_conformance._faults import (
     TraceEvent,
     with_watched_threads,
 )
-from laminar_conformance._source_runs import Committed, SourceSchedule, run_source_epochs
+from laminar_conformance._source_runs import (
+    Committed,
+    SourceSchedule,
+    read_batches,
+    run_source_epochs,
+    write_batches,
+)
 from laminar_conformance._stores import checkpoint_store, state_store
 from laminar_sdk import EpochCoordinator, ProtocolStep, RetryPolicy, SourceConnector
 
@@ -102,10 +108,7 @@ def kill_in_child(
     files = []
     for number, batches in enumerate(epochs):
         file = directory / f"epoch-{number}.arrow"
-        schema = batches[0].schema if batches else pa.schema([])
-        with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
+        write_batches(file, list(batches))
         files.append(str(file))
     spec: dict[str, object] = {"role": "sink", "store": str(store), "epochs": files}
     _run_killed(directory, spec, child, point, plan)
@@ -287,10 +290,7 @@ async def _write_sink(spec: dict[str, Any], plugins: ConformancePlugins, plan: F
     coordinator = EpochCoordinator(store, {"sink": sink}, policy=policy, observer=plan.observe)
     await coordinator.recover()
     for epoch, file in enumerate(spec["epochs"]):
-        with pa.memory_map(file) as source:
-            reader = pa.ipc.open_file(source)
-            batches = [reader.get_batch(index) for index in range(reader.num_record_batches)]
-        await coordinator.run_epoch(epoch, batches, {})
+        await coordinator.run_epoch(epoch, read_batches(Path(file)), {})
 
 
 async def _read_source(spec: dict[str, Any], plugins: ConformancePlugins, plan: FaultPlan) -> None:

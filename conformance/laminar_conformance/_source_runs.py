@@ -52,6 +52,24 @@ class SourceSchedule:
         )
 
 
+def write_batches(path: Path, batches: list[pa.RecordBatch]) -> None:
+    """Write an epoch's ``batches`` to ``path`` as an Arrow IPC file (none: an empty file).
+
+    How the kit and a child process it kills hand each other an epoch's records.
+    """
+    schema = batches[0].schema if batches else pa.schema([])
+    with pa.OSFile(str(path), "wb") as file, pa.ipc.new_file(file, schema) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+
+
+def read_batches(path: Path) -> list[pa.RecordBatch]:
+    """The batches :func:`write_batches` wrote to ``path``."""
+    with pa.memory_map(str(path)) as data:
+        reader = pa.ipc.open_file(data)
+        return [reader.get_batch(index) for index in range(reader.num_record_batches)]
+
+
 _COMMITTED = "committed.json"
 
 
@@ -77,11 +95,7 @@ class Committed:
     def commit(self, checkpoint: SourceCheckpoint, batches: list[pa.RecordBatch]) -> None:
         """Commit the next epoch: its records, then (atomically) its checkpoint with them."""
         if self.directory is not None:
-            schema = batches[0].schema if batches else pa.schema([])
-            data = self.directory / f"epoch-{self.epochs}.arrow"
-            with pa.OSFile(str(data), "wb") as file, pa.ipc.new_file(file, schema) as writer:
-                for batch in batches:
-                    writer.write_batch(batch)
+            write_batches(self.directory / f"epoch-{self.epochs}.arrow", batches)
             state = self.directory / f"{_COMMITTED}.tmp"
             state.write_text(
                 json.dumps({"checkpoint": checkpoint.to_json(), "epochs": self.epochs + 1}),
@@ -101,11 +115,7 @@ class Committed:
         kept = json.loads(state.read_text(encoding="utf-8"))
         committed.checkpoint = kept["checkpoint"]
         for epoch in range(int(kept["epochs"])):
-            with pa.memory_map(str(directory / f"epoch-{epoch}.arrow")) as data:
-                reader = pa.ipc.open_file(data)
-                committed.batches.append(
-                    [reader.get_batch(index) for index in range(reader.num_record_batches)]
-                )
+            committed.batches.append(read_batches(directory / f"epoch-{epoch}.arrow"))
         return committed
 
 

@@ -124,6 +124,26 @@ def run_the_spark_layer(tmp_path: Path, site: Path, connector: str) -> str:
     return f"exit status {result.returncode}\n{result.stdout}{result.stderr}"
 
 
+def outsider_spark_layer(
+    tmp_path: Path, connector: str, *, seed: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``laminar conformance run`` of an outsider.py source's Spark layer alone; its report."""
+    report = tmp_path / "report.md"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "laminar_conformance", "run", connector, "--role", "source",
+            "--seed", seed, "--plugin", "outsider", "--report", str(report),
+            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
+        ],
+        cwd=tmp_path,
+        env=python_path(HERE),
+        capture_output=True,
+        text=True,
+        check=False,
+    )  # fmt: skip
+    return result, report
+
+
 @pytest.fixture
 def one_instance_site(install_distribution) -> Path:
     return install_distribution(
@@ -163,20 +183,8 @@ def test_the_same_sink_with_its_commit_record_on_disk_passes(tmp_path, one_insta
 @pytest.mark.slow
 def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     """A third-party polled source of three partitions, probed live: data arrives while down."""
-    report = tmp_path / "report.md"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "laminar_conformance", "run", "outsider-queue", "--seed", "3",
-            "--plugin", "outsider", "--report", str(report),
-            # Its in-process checks: tests/conformance/test_broken_variants.py.
-            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
-        ],
-        cwd=tmp_path,
-        env=python_path(HERE),
-        capture_output=True,
-        text=True,
-        check=False,
-    )  # fmt: skip
+    # Its in-process checks: tests/conformance/test_broken_variants.py.
+    result, report = outsider_spark_layer(tmp_path, "outsider-queue", seed="3")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert "Spark layer: on local Spark, 1 pipeline(s) killed at 1 crash point(s)" in result.stdout
     text = report.read_text()
@@ -196,19 +204,7 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
 def test_a_source_that_reads_its_records_again_is_stopped_as_soon_as_it_is_certain(tmp_path):
     """A polled source whose restore() does nothing reads from its start in every micro-batch,
     forever: the run is stopped once a reader sees ids twice, not at the query's timeout."""
-    report = tmp_path / "report.md"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "laminar_conformance", "run", "outsider-restores-nothing",
-            "--role", "source", "--seed", "1", "--plugin", "outsider", "--report", str(report),
-            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
-        ],
-        cwd=tmp_path,
-        env=python_path(HERE),
-        capture_output=True,
-        text=True,
-        check=False,
-    )  # fmt: skip
+    result, report = outsider_spark_layer(tmp_path, "outsider-restores-nothing", seed="1")
     assert result.returncode == 1, result.stdout[-5000:] + result.stderr[-3000:]
     text = report.read_text()
     assert "was stopped: ids [" in text, text
