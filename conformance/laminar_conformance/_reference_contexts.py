@@ -92,6 +92,10 @@ class MemorySourceContext:
         """Append with :meth:`MemorySource.append`."""
         MemorySource.append(self._path, ids, partition=partition or 0)
 
+    def remove_partition(self, partition: int) -> None:
+        """Remove with :meth:`MemorySource.remove_partition`."""
+        MemorySource.remove_partition(self._path, partition)
+
     def ids(self, records: pa.RecordBatch) -> list[int]:
         """The ``id`` column."""
         return [int(value) for value in records.column("id").to_pylist()]

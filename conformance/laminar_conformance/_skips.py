@@ -29,6 +29,7 @@ CORE_CATEGORIES: Mapping[str, str] = {
 
 OTHER_CATEGORIES: Mapping[str, str] = {
     "range-reads": "as_range_readable(): range reads against polling (sources)",
+    "partition-removal": "a partition removed while a source runs (sources whose context can)",
     "read-back": "comparing what a sink's destination holds (sinks)",
     "capability": "a capability the connector does not declare or the kit cannot exercise",
     "configuration": "configuration errors for declared keys",

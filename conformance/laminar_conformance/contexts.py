@@ -97,12 +97,16 @@ class SourceTestContext(Protocol):
       was opened reach it;
     - ``poll_timeout_s: float`` (default 0) — how long the kit polls a source that returned
       nothing before counting what arrived;
+    - ``remove_partition(partition: int) -> None`` — take ``partition`` away with its records,
+      as the source's system does (a directory deleted, a table partition dropped, a shard
+      closed after a split); the kit calls it only once a source has returned all of that
+      partition's records, and appends to it no more;
     - ``skip_checks: Mapping[str, str]`` — categories of checks turned off, each with the
       reason the report prints (``{"live-appends": "the rows are fixed by the config"}``);
       the only way to turn a check off. Categories: ``replay``, ``multi-partition``,
       ``live-appends``, ``rollback``, ``crash-points``, ``spark`` (core: ``--strict`` fails on
-      their skips unless stated here), ``range-reads``, ``read-back``, ``capability``,
-      ``configuration``.
+      their skips unless stated here), ``range-reads``, ``partition-removal``, ``read-back``,
+      ``capability``, ``configuration``.
       Sink contexts may set it too.
     """
 

@@ -24,8 +24,10 @@ records polling returned between them, and ``plan_end`` ends where polling ends.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter
+from collections.abc import Iterator
 from typing import ClassVar
 
 import pytest
@@ -415,6 +417,70 @@ class SourceReplaySuite(ConnectorSuite):
         system.run(scenario())
 
     @check
+    def test_a_removed_partition_and_one_that_takes_its_place_stop_nothing(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A partition that goes away, and a new one in its place, leave the rest flowing.
+
+        A directory deleted under a files source, a table partition dropped, a shard split
+        into new ones: where the context can remove a partition (its ``remove_partition``),
+        the kit fills every partition but the last, reads them all, takes a checkpoint,
+        removes partition 0, writes the last partition for the first time and appends to the
+        others. The open instance must return the new records, once; so must an instance
+        restored from the checkpoint, which names the removed partition, and one restored
+        from a checkpoint taken after the removal. A source that fails on a partition it can
+        no longer find, or that reads only the partitions it listed before, fails here.
+        """
+        _require_replay(conformance)
+        skip_if_turned_off(conformance, "partition-removal")
+        system = SourceSystem(conformance)
+        if system.partitions < 2:
+            system.context.close()
+            skip("multi-partition", f"{system.traits.not_multi_partition}")
+        if not system.live_appends:
+            system.context.close()
+            skip("live-appends", f"{system.traits.not_live}, so a partition cannot go")
+        remove = getattr(system.context, "remove_partition", None)
+        if not callable(remove):
+            system.context.close()
+            skip(
+                "partition-removal",
+                "the test context has no remove_partition(partition): the kit cannot take a "
+                "partition away",
+            )
+        replacement = system.partitions - 1
+        system.append([3] * replacement + [0])
+        change = (
+            f"partition 0 was removed after its records were read, and partition {replacement} "
+            "written for the first time"
+        )
+
+        async def scenario() -> None:
+            source = await system.open()
+            delivery = Delivery()
+            await system.drain(source, delivery, system.appended.total())
+            before = source.checkpoint()
+            returned = Counter(delivery.ids)
+            remove(0)
+            system.append([0] + [2] * (replacement - 1) + [3])
+            with _raised_while(f"{change}: polling the open instance"):
+                await system.drain(source, delivery, system.appended.total())
+            compare(delivery.ids, system.appended, f"{change}: the open instance")
+            after = source.checkpoint()
+            await source.close()
+            system.append([0] * replacement + [2])
+            for checkpoint, seen, when in (
+                (before, returned, "before the removal"),
+                (after, Counter(delivery.ids), "after it"),
+            ):
+                what = f"{change}: restoring {checkpoint!r}, taken {when}"
+                with _raised_while(what):
+                    await _restored_returns_the_rest(system, figures, checkpoint, seen, what)
+
+        figures.cases += 1
+        system.run(scenario())
+
+    @check
     def test_each_partition_restores_independently(
         self, conformance: Target, figures: Figures
     ) -> None:
@@ -541,6 +607,18 @@ def _read_through_crashes(
         figures.timeline = timeline.to_json()
         raise AssertionError(f"{failure}\n{timeline.text()}") from None
     return plan
+
+
+@contextlib.contextmanager
+def _raised_while(what: str) -> Iterator[None]:
+    """Turn an exception of the source's into a failure that says what the kit had done."""
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as error:
+        raised = f"{type(error).__name__}: {error}"
+        raise AssertionError(f"{what}: the source raised {raised}") from error
 
 
 async def _restored_returns_the_rest(

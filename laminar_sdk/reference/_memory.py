@@ -4,6 +4,7 @@ Nothing is kept only in memory, despite the name: a test in another process, or 
 instance after a crash, finds everything in the directory given by the ``path`` key. Layout::
 
     path/source/partition-<p>/<first offset, 20 digits>.arrow   appended records (source)
+    path/source/partition-<p>/_REMOVED                          a removed partition's end offset
     path/_sink.json                                             the sink's schema name
     path/_staging/epoch-<e>/part-<n>.arrow                      batches of an open epoch
     path/_staging/epoch-<e>/task-<t>/part-<n>.arrow             batches task <t> staged
@@ -84,6 +85,7 @@ _SOURCE = "source"
 _SOURCE_NAME = "memory source"
 _PARTITION = re.compile(r"partition-(\d+)")
 _SEGMENT = re.compile(r"(\d{20})\.arrow")
+_REMOVED = "_REMOVED"
 _SINK_FILE = "_sink.json"
 _STAGING = "_staging"
 _COMMITTED = "committed"
@@ -127,12 +129,26 @@ class _Segment:
     path: Path
 
 
+def _checked_partition(partition: int) -> int:
+    if not 0 <= partition <= _MAX_PARTITION:
+        raise ValueError(f"{_SOURCE_NAME}: partition must be in [0, 2**31), got {partition}")
+    return partition
+
+
 def _partition_directory(directory: Path, partition: int) -> Path:
     return directory / _SOURCE / f"partition-{partition}"
 
 
 def _segment_path(partition_directory: Path, start: int) -> Path:
     return partition_directory / f"{start:020d}.arrow"
+
+
+def _removed_end(partition_directory: Path) -> int | None:
+    """The end offset of a removed partition, ``None`` when it was not removed."""
+    try:
+        return int((partition_directory / _REMOVED).read_text(encoding="ascii"))
+    except FileNotFoundError:
+        return None
 
 
 def _end_offset(partition_directory: Path) -> int:
@@ -149,7 +165,9 @@ class MemorySource(SourceConnector, RangeReadableSource):
     Records have the ``ids`` schema (``id: int64, partition: int32, value: double``, with
     ``value = float(id)``). Partition ``p``'s records have offsets ``0, 1, 2, …`` in the order
     they were appended; a partition appears when its first record is appended, so the source
-    never ends: :meth:`poll_batch` returns ``None`` when nothing new has been appended.
+    never ends: :meth:`poll_batch` returns ``None`` when nothing new has been appended. A
+    partition goes away with :meth:`remove_partition`, as a directory deleted or a table
+    partition dropped: its records are gone, and checkpoints that name it still restore.
 
     It is range-readable (:meth:`as_range_readable`): :meth:`plan_end` shares the records
     appended so far among the partitions, and :meth:`read_range` returns the records between
@@ -164,6 +182,8 @@ class MemorySource(SourceConnector, RangeReadableSource):
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[Path] = Lifecycle(_SOURCE_NAME)
         self._segments: dict[int, list[_Segment]] = {}
+        self._removed: dict[int, int] = {}
+        """The end offsets of the partitions removed, by partition."""
         self._next: dict[int, int] = {}
         self._cursor = 0
         self._records_total = 0
@@ -178,11 +198,14 @@ class MemorySource(SourceConnector, RangeReadableSource):
 
         :returns: the partition's record count after the append (the offset after the last
             new record).
-        :raises ValueError: when ``partition`` is not in ``[0, 2**31)``.
+        :raises ValueError: when ``partition`` is not in ``[0, 2**31)``, or was removed.
         """
-        if not 0 <= partition <= _MAX_PARTITION:
-            raise ValueError(f"{_SOURCE_NAME}: partition must be in [0, 2**31), got {partition}")
-        directory = _partition_directory(Path(path), partition)
+        directory = _partition_directory(Path(path), _checked_partition(partition))
+        if _removed_end(directory) is not None:
+            raise ValueError(
+                f"{_SOURCE_NAME}: partition {partition} was removed (remove_partition); a "
+                "removed partition's number is not used again: append to another"
+            )
         make_dirs(directory)
         id_array = pa.array(list(ids), pa.int64())
         if not len(id_array):
@@ -201,6 +224,30 @@ class MemorySource(SourceConnector, RangeReadableSource):
             start = _end_offset(directory)
             if create_file_atomically(_segment_path(directory, start), data):
                 return start + len(id_array)
+
+    @classmethod
+    def remove_partition(cls, path: str | os.PathLike[str], partition: int) -> int:
+        """Remove ``partition`` at ``path`` with its records, read or not, for good.
+
+        Sources reading ``path`` go on with the other partitions; a checkpoint naming it
+        restores (its offset there is checked, then dropped). Its number is not used again.
+        Nothing may be appended to it while it is being removed.
+
+        :returns: the partition's record count when it was removed.
+        :raises ValueError: when ``partition`` is not in ``[0, 2**31)``.
+        """
+        directory = _partition_directory(Path(path), _checked_partition(partition))
+        end = _removed_end(directory)
+        if end is not None:
+            return end
+        end = _end_offset(directory)
+        make_dirs(directory)
+        # The marker first: a reader that sees a segment gone sees the partition removed.
+        write_file_atomically(directory / _REMOVED, str(end).encode("ascii"))
+        for _, segment in _numbered(directory, _SEGMENT):
+            segment.unlink()
+        fsync_path(directory)
+        return end
 
     async def open(self, config: ConnectorConfig) -> None:
         """Check ``config``; the directory need not exist yet (nothing appended so far).
@@ -245,14 +292,24 @@ class MemorySource(SourceConnector, RangeReadableSource):
         return None
 
     def _refresh(self, directory: Path) -> None:
-        """Learn of records appended since the last look (files never change once written)."""
+        """Learn of records appended, and partitions removed, since the last look."""
         for partition, partition_directory in _numbered(directory / _SOURCE, _PARTITION):
+            if partition in self._removed:
+                continue
+            removed_end = _removed_end(partition_directory)
+            if removed_end is not None:
+                self._removed[partition] = removed_end
+                self._segments.pop(partition, None)
+                self._next.pop(partition, None)
+                continue
             known = self._segments.setdefault(partition, [])
             for start, path in _numbered(partition_directory, _SEGMENT)[len(known) :]:
                 stop = start + int(read_arrow_file(path).num_rows)
                 known.append(_Segment(start, stop, path))
 
     def _end(self, partition: int) -> int:
+        if partition in self._removed:
+            return self._removed[partition]
         segments = self._segments.get(partition)
         return segments[-1].stop if segments else 0
 
@@ -260,7 +317,7 @@ class MemorySource(SourceConnector, RangeReadableSource):
         """Each partition's next offset: restoring resumes *after* the last record returned.
 
         Partitions at offset 0 are left out, so records appended to a new partition later do
-        not change a checkpoint taken before.
+        not change a checkpoint taken before; so are removed partitions.
         """
         self._lifecycle.require("checkpoint")
         offsets = {str(p): str(offset) for p, offset in sorted(self._next.items()) if offset}
@@ -268,6 +325,8 @@ class MemorySource(SourceConnector, RangeReadableSource):
 
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
         """Seek every partition to its offset in ``checkpoint``; partitions it omits to 0.
+
+        The offsets of removed partitions are checked, then dropped.
 
         :raises CheckpointError: for an offset that is not a count, or one past the records
             appended to its partition (the directory is not the one the checkpoint was taken
@@ -278,7 +337,7 @@ class MemorySource(SourceConnector, RangeReadableSource):
         offsets = offsets_in(_SOURCE_NAME, checkpoint)
         for partition, offset in offsets.items():
             self._check_appended(directory, partition, offset)
-        self._next = offsets
+        self._next = {p: offset for p, offset in offsets.items() if p not in self._removed}
         self._cursor = next_partition_in(_SOURCE_NAME, checkpoint)
 
     def as_range_readable(self) -> RangeReadableSource:
@@ -315,12 +374,18 @@ class MemorySource(SourceConnector, RangeReadableSource):
 
         :raises CheckpointError: for a range that is not a range of offsets.
         :raises ReadError: when the range ends past the records appended to the partition
-            (the directory is not the one the range was planned against).
+            (the directory is not the one the range was planned against), or the partition
+            was removed (its records are gone).
         """
         directory = self._lifecycle.require("read_range")
         partition, first, stop = range_bounds(_SOURCE_NAME, partition_range)
-        if stop > self._end(partition):
+        if stop > self._end(partition) or first < stop:
             self._refresh(directory)
+        if partition in self._removed and first < stop:
+            raise ReadError(
+                f"{_SOURCE_NAME}: partition {partition} of {directory} was removed after the "
+                f"range {first}..{stop} was planned; its records are gone"
+            )
         if stop > self._end(partition):
             raise ReadError(
                 f"{_SOURCE_NAME}: partition {partition} holds {self._end(partition)} record(s) "

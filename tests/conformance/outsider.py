@@ -4,8 +4,9 @@ The queue is a directory of JSON-lines files, ``p0.jsonl`` to ``p2.jsonl``, one 
 appended to by producers. ``outsider-queue`` reads it correctly; each ``outsider-*`` variant
 has one bug an author plausibly writes (``outsider-queue-blind-context`` has it in its test
 context, which fills one partition only; ``outsider-lists-its-partitions-when-it-opens`` reads
-only the partition files that exist when it opens). ``outsider-sqlite`` is an exactly-once
-SQLite sink that publishes an epoch's rows and records the epoch in one transaction;
+only the partition files that exist when it opens; ``outsider-refuses-a-checkpoint-past-the-
+files`` cannot restore once a partition file was removed). ``outsider-sqlite`` is an
+exactly-once SQLite sink that publishes an epoch's rows and records the epoch in one transaction;
 ``outsider-sqlite-marker-apart`` does it in two, both inside ``commit_epoch`` (in a worker
 thread), unmarked. ``outsider-jsonl`` stages an epoch in a file and publishes it with a rename;
 ``outsider-jsonl-buffered-pre-commit`` returns from ``pre_commit`` with the rows still in the
@@ -36,6 +37,7 @@ from typing import TextIO
 import pyarrow as pa
 
 from laminar_sdk import (
+    CheckpointError,
     ConfigKeySpec,
     ConfigurationError,
     ConnectorConfig,
@@ -143,6 +145,23 @@ class RestoresNothing(QueueSource):
 
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
         pass
+
+
+class RefusesACheckpointPastTheFiles(QueueSource):
+    """Refuses a checkpoint whose position is past a partition file's lines ("wrong queue?").
+
+    A guard an author adds against restoring into the wrong directory: a partition whose file
+    was removed after it was read then makes every later restore fail.
+    """
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        for partition, offset in checkpoint.offsets.items():
+            if int(offset) > len(self.lines(partition)):
+                raise CheckpointError(
+                    f"queue source: {partition} has {len(self.lines(partition))} lines, the "
+                    f"checkpoint says {offset}: is this the queue it was taken on?"
+                )
+        await super().restore(checkpoint)
 
 
 class CheckpointLagsInOnePartition(QueueSource):
@@ -387,6 +406,7 @@ SOURCES: dict[str, type[SourceConnector]] = {
     "outsider-lists-its-partitions-when-it-opens": ListsItsPartitionsWhenItOpens,
     "outsider-restores-first-partition-only": RestoresFirstPartitionOnly,
     "outsider-restores-nothing": RestoresNothing,
+    "outsider-refuses-a-checkpoint-past-the-files": RefusesACheckpointPastTheFiles,
     "outsider-checkpoint-lags-in-one-partition": CheckpointLagsInOnePartition,
     "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,
     "outsider-advances-the-next-partition": AdvancesTheNextPartition,
@@ -417,6 +437,9 @@ class QueueContext:
             file.writelines(json.dumps({"id": record}) + "\n" for record in ids)
             file.flush()
             os.fsync(file.fileno())
+
+    def remove_partition(self, partition: int) -> None:
+        (self.directory / f"{PARTITIONS[partition]}.jsonl").unlink()
 
     def ids(self, records: pa.RecordBatch) -> list[int]:
         return [int(value) for value in records.column("id").to_pylist()]

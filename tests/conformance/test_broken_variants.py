@@ -107,6 +107,11 @@ OUTSIDER_VARIANTS = [
         "test_a_partition_that_appears_while_reading_is_read_from_its_beginning",
     ),
     (
+        "outsider-refuses-a-checkpoint-past-the-files",
+        "source",
+        "test_a_removed_partition_and_one_that_takes_its_place_stop_nothing",
+    ),
+    (
         "outsider-queue-blind-context",
         "source",
         "test_the_probe_reaches_every_partition_the_source_checkpoints",

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from laminar_sdk import CheckpointError, ConfigurationError, ConnectorConfig, SourceCheckpoint
+from laminar_sdk import (
+    CheckpointError,
+    ConfigurationError,
+    ConnectorConfig,
+    PartitionRange,
+    ReadError,
+    SourceCheckpoint,
+)
 from laminar_sdk.reference import IDS_SCHEMA, MemorySource
 
 
@@ -69,6 +76,44 @@ def test_records_appended_to_a_new_partition_do_not_change_an_earlier_checkpoint
     restored = opened(run, tmp_path)
     run(restored.restore(checkpoint))
     assert restored.checkpoint() == checkpoint, "Spark compares them to end a replay"
+
+
+def test_a_removed_partition_leaves_the_others_flowing_and_its_checkpoints_restore(run, tmp_path):
+    MemorySource.append(tmp_path, [1, 2], partition=0)
+    MemorySource.append(tmp_path, [3], partition=1)
+    source = opened(run, tmp_path)
+    assert sorted(polled_ids(run, source)) == [1, 2, 3]
+    before = source.checkpoint()
+    assert before.offsets == {"0": "2", "1": "1"}
+
+    assert MemorySource.remove_partition(tmp_path, 0) == 2
+    assert MemorySource.remove_partition(tmp_path, 0) == 2, "removing again changes nothing"
+    assert not list((tmp_path / "source" / "partition-0").glob("*.arrow")), "records gone"
+    MemorySource.append(tmp_path, [4], partition=1)
+    MemorySource.append(tmp_path, [5], partition=2)
+    assert sorted(polled_ids(run, source)) == [4, 5], "the open instance goes on"
+    assert source.checkpoint().offsets == {"1": "2", "2": "1"}, "the removed one left out"
+
+    restored = opened(run, tmp_path)
+    run(restored.restore(before))
+    assert sorted(polled_ids(run, restored)) == [4, 5]
+    with pytest.raises(CheckpointError, match="offset 3 of partition 0 is past the 2"):
+        run(opened(run, tmp_path).restore(SourceCheckpoint({"0": "3"})))
+    with pytest.raises(ValueError, match="partition 0 was removed"):
+        MemorySource.append(tmp_path, [6], partition=0)
+
+
+def test_a_range_of_a_removed_partition_is_refused_not_read_short(run, tmp_path):
+    MemorySource.append(tmp_path, [1, 2, 3])
+    source = opened(run, tmp_path)
+    end = run(source.plan_end(SourceCheckpoint({}), None))
+    MemorySource.remove_partition(tmp_path, 0)
+    with pytest.raises(ReadError, match="partition 0 .* was removed"):
+        run(collect(source.read_range(PartitionRange("0", None, end.offsets["0"]))))
+
+
+async def collect(batches):
+    return [batch async for batch in batches]
 
 
 def test_a_checkpoint_ahead_of_the_directory_is_refused(run, tmp_path):
