@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import pyarrow as pa
 from confluent_kafka import (
     OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -68,13 +67,19 @@ _DISCOVERY_INTERVAL_S = 1.0
 """How often a source that has read every assigned partition to its end looks for new ones."""
 _RANGE_SLICE = 500  # records taken from the client at a time by read_range (see _range_batches)
 _CONSUMER_DEFAULTS = {"fetch.wait.max.ms": 100}  # librdkafka's 500 ms delays every EOF
+_SUBSCRIBER_DEFAULTS = {
+    **_CONSUMER_DEFAULTS,
+    # The group sees a topic's new partitions at the consumer's next metadata refresh:
+    # librdkafka's 5 minutes would leave them unread that long.
+    "topic.metadata.refresh.interval.ms": int(_DISCOVERY_INTERVAL_S * 1000),
+}
 
 
 def consumer_config(settings: SourceSettings) -> dict[str, Any]:
     """Librdkafka settings of the source's consumers (reading, range reading)."""
     return client_config(
         settings.client,
-        _CONSUMER_DEFAULTS,
+        _SUBSCRIBER_DEFAULTS if settings.subscribe else _CONSUMER_DEFAULTS,
         {
             # Without group.id the consumer still needs one; it never commits to it.
             "group.id": settings.group_id or f"laminar-source-{uuid.uuid4().hex}",
@@ -186,7 +191,9 @@ class KafkaSource(SourceConnector, RangeReadableSource):
     With ``group.id``, the group's offsets are committed from checkpoints that are known to
     be durable — the ones :meth:`restore` is given — so they never run ahead of what the
     pipeline committed. With ``consumer.mode=subscribe`` the group assigns the partitions, and
-    a rebalance sets :meth:`checkpoint_requested`.
+    a rebalance sets :meth:`checkpoint_requested`; the consumer refreshes the topics' metadata
+    every second, so the group assigns a partition added to a topic within seconds, and it is
+    read from its beginning too.
 
     The source is range-readable (:meth:`plan_end`, :meth:`read_range`), so Spark can read
     each partition of a micro-batch in its own task.
@@ -477,9 +484,10 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         self, reader: _Reader, consumer: Consumer, assigned: list[TopicPartition]
     ) -> None:
         for partition in assigned:
+            # Partitions absent from ``next`` appeared after the source opened ("latest" was
+            # resolved then): every record of theirs is new to it.
             key = (partition.topic, partition.partition)
-            latest = OFFSET_END if reader.settings.start_latest else OFFSET_BEGINNING
-            partition.offset = reader.next.get(key, latest)
+            partition.offset = reader.next.get(key, OFFSET_BEGINNING)
         consumer.assign(assigned)
         reader.assigned = {(p.topic, p.partition) for p in assigned}
         self._requested.set()
@@ -652,7 +660,7 @@ def _resolve_latest(reader: _Reader) -> None:
     Resolved once, when the source is opened or restored, so that a checkpoint taken before
     the first poll already names those offsets and replays the same records.
     """
-    if not reader.settings.start_latest or reader.settings.subscribe:
+    if not reader.settings.start_latest:
         return
     missing = [key for key in reader.partitions if key not in reader.next]
     for key, (_, end) in _bounds(reader, missing).items():
