@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from laminar_conformance._call_times import CALL_TIMES
+from laminar_conformance._figures import CUT_SHORT_PROPERTY
 from laminar_conformance._profiles import PROFILES, Profile, crash_schedule
 from laminar_conformance._report import (
     ReportCollector,
@@ -337,12 +338,19 @@ class CheckProgress:
         CALL_TIMES.take()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """After a slow check, name the connector calls that took most of its time."""
+        """After a slow check, name the connector calls that took most of its time.
+
+        And when the profile's time budget cut the check short, say how many cases ran.
+        """
+        name = report.nodeid.split("::")[-1]
+        # The check's figures are reported when its fixtures are torn down.
+        cut_short = dict(report.user_properties).get(CUT_SHORT_PROPERTY)
+        if report.when == "teardown" and cut_short:
+            print(f"\nlaminar conformance: {name} {cut_short}", file=sys.stderr, flush=True)
         if report.when != "call" or report.duration < SLOW_CHECK_S:
             return
         slowest = [time for time in CALL_TIMES.take() if time.total_s >= report.duration / 4]
         if slowest:
-            name = report.nodeid.split("::")[-1]
             print(
                 f"\nlaminar conformance: {name} took {report.duration:.1f} s; "
                 + "; ".join(map(str, slowest[:2])),

@@ -13,6 +13,9 @@ COUNTERS = ("cases", "faults", "epochs", "restarts")
 CRASH_POINTS_PROPERTY = "laminar.crash_points"
 """The user property in which a check reports the crash points it found inside sink calls."""
 
+CUT_SHORT_PROPERTY = "laminar.cut_short"
+"""The user property in which a check says how many of its planned cases its time budget ran."""
+
 TIMELINE_PROPERTY = "laminar.timeline"
 """The user property in which a failing check reports its failing case's timeline (JSON)."""
 
@@ -31,5 +34,7 @@ class Figures:
     """New connector instances opened after a crash or a close."""
     crash_points: str = ""
     """The crash points found inside each sink call of a clean run, and those crashed at."""
+    cut_short: str = ""
+    """What the profile's time budget left out of the check (``""``: every case ran)."""
     timeline: str = ""
     """The timeline of the failing case, as JSON (see :func:`laminar_conformance._timeline`)."""

@@ -58,6 +58,9 @@ class Profile:
     :param inside_kills: of those, how many are also run in a child process killed with
         SIGKILL there (one of each sink call first), besides the points reached in threads of
         the sink's own, which are always.
+    :param case_budget_s: the time a check drawing cases with Hypothesis may take: once
+        spent, it starts no new case (after 25 at least) and says so; ``None``: no limit
+        (see :mod:`laminar_conformance._budget`).
     """
 
     name: str
@@ -69,6 +72,7 @@ class Profile:
     spark_crashes: int = 1
     inside_crashes: int = 20
     inside_kills: int = 4
+    case_budget_s: float | None = None
 
     def settings(self, examples: int, *, seeded: bool) -> settings:
         """Hypothesis settings for a check that runs ``examples`` cases.
@@ -101,7 +105,12 @@ class Profile:
 
 PROFILES = {
     "quick": Profile(
-        "quick", machine_examples=100, machine_steps=30, recovery_examples=50, replay_examples=150
+        "quick",
+        machine_examples=100,
+        machine_steps=30,
+        recovery_examples=50,
+        replay_examples=150,
+        case_budget_s=15.0,
     ),
     "full": Profile(
         "full",

@@ -12,6 +12,7 @@ import pytest
 from laminar_conformance._figures import (
     COUNTERS,
     CRASH_POINTS_PROPERTY,
+    CUT_SHORT_PROPERTY,
     FIGURE_PREFIX,
     TIMELINE_PROPERTY,
 )
@@ -45,6 +46,8 @@ class CheckResult:
     """What the probe check found the connector does."""
     crash_points: str = ""
     """The crash points a check found inside the sink's calls, and those it crashed at."""
+    cut_short: str = ""
+    """How many of its planned cases the profile's time budget let the check run."""
     timeline: str = ""
     """The failing case's timeline, as JSON, when the check drew one."""
     diagnosis: str = ""
@@ -88,6 +91,8 @@ class ReportCollector:
                 result.timeline = value
             elif key == CRASH_POINTS_PROPERTY and isinstance(value, str):
                 result.crash_points = value
+            elif key == CUT_SHORT_PROPERTY and isinstance(value, str):
+                result.cut_short = value
             elif key.startswith(FIGURE_PREFIX) and isinstance(value, int):
                 result.figures[key.removeprefix(FIGURE_PREFIX)] = value
         if report.failed:
@@ -181,7 +186,9 @@ def _failure_rank(result: CheckResult) -> int:
 
 
 def _shown_reason(result: CheckResult) -> str:
-    """A failure's reason, or a skip's as ``category: reason``."""
+    """A failure's reason, a skip's as ``category: reason``, or what the time budget cut."""
+    if result.outcome == "passed":
+        return result.cut_short
     if result.outcome != "skipped":
         return result.reason
     skip = Skip.parse(result.reason)

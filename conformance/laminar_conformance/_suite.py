@@ -12,10 +12,13 @@ from typing import ClassVar, ParamSpec, TypeVar
 import pytest
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
+from laminar_conformance._budget import CaseBudget
 from laminar_conformance._figures import (
     COUNTERS,
     CRASH_POINTS_PROPERTY,
+    CUT_SHORT_PROPERTY,
     FIGURE_PREFIX,
     TIMELINE_PROPERTY,
     Figures,
@@ -101,6 +104,26 @@ class Target:
     def settings(self, examples: int) -> settings:
         """Hypothesis settings for a check of ``examples`` cases in this profile."""
         return self.profile.settings(examples, seeded=self.seed is not None)
+
+    def explore(self, test: Callable[[], None], examples: int, figures: Figures) -> None:
+        """Run the Hypothesis test ``test`` for ``examples`` cases, seeded, within the budget.
+
+        The profile's time budget per check may end it sooner (see
+        :mod:`laminar_conformance._budget`); ``figures`` then says how many cases ran.
+        """
+        self._within_budget(self.seeded(self.settings(examples)(test)), examples, figures)
+
+    def explore_machine(
+        self, machine: type[RuleBasedStateMachine], examples: int, figures: Figures
+    ) -> None:
+        """Run the state machine ``machine`` for ``examples`` schedules, as :meth:`explore`."""
+        test = get_state_machine_test(self.seeded(machine), settings=self.settings(examples))
+        self._within_budget(test, examples, figures)
+
+    def _within_budget(self, test: Callable[[], None], examples: int, figures: Figures) -> None:
+        budget = CaseBudget(self.profile.case_budget_s, examples)
+        budget.explore(test)
+        figures.cut_short = budget.cut_short(self.profile.name)
 
     def seeded(self, test: F) -> F:
         """``test`` (a Hypothesis test or state machine factory) with this run's seed."""
@@ -194,3 +217,5 @@ class ConnectorSuite:
             request.node.user_properties.append((TIMELINE_PROPERTY, figures.timeline))
         if figures.crash_points:
             request.node.user_properties.append((CRASH_POINTS_PROPERTY, figures.crash_points))
+        if figures.cut_short:
+            request.node.user_properties.append((CUT_SHORT_PROPERTY, figures.cut_short))

@@ -43,7 +43,6 @@ import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import run_state_machine_as_test
 
 from laminar_conformance._call_times import CALL_TIMES
 from laminar_conformance._config_checks import ConfigurationSuite
@@ -496,10 +495,7 @@ class SinkEpochProtocolSuite(ConnectorSuite):
             def __init__(self) -> None:
                 super().__init__(conformance, figures)
 
-        run_state_machine_as_test(
-            conformance.seeded(SinkProtocol),
-            settings=conformance.settings(conformance.profile.machine_examples),
-        )
+        conformance.explore_machine(SinkProtocol, conformance.profile.machine_examples, figures)
 
     @check
     def test_nothing_is_visible_before_commit_epoch(
@@ -919,7 +915,7 @@ class SinkRecoverySuite(ConnectorSuite):
         def run(sizes: list[list[int]], points: list[FaultPoint]) -> None:
             self._check_run(conformance, figures, sizes, points)
 
-        conformance.seeded(conformance.settings(conformance.profile.recovery_examples)(run))()
+        conformance.explore(run, conformance.profile.recovery_examples, figures)
 
 
 def _require_distributed(target: Target, *, parallel: bool = False) -> None:
@@ -967,9 +963,7 @@ class SinkDistributedCommitSuite(ConnectorSuite):
 
         # A third of the epoch-protocol schedules: every staging opens an instance of its own.
         examples = max(1, conformance.profile.machine_examples // 3)
-        run_state_machine_as_test(
-            conformance.seeded(DistributedCommit), settings=conformance.settings(examples)
-        )
+        conformance.explore_machine(DistributedCommit, examples, figures)
 
     @pytest.mark.parametrize("point", every_distributed_fault_point(1), ids=str)
     @check
@@ -998,7 +992,7 @@ class SinkDistributedCommitSuite(ConnectorSuite):
 
         # Half the recovery cases: each task of each attempt opens an instance of its own.
         examples = max(1, conformance.profile.recovery_examples // 2)
-        conformance.seeded(conformance.settings(examples)(run))()
+        conformance.explore(run, examples, figures)
 
     @check
     def test_nothing_staged_is_visible_before_commit_aggregated(

@@ -254,7 +254,7 @@ class SourceReplaySuite(ConnectorSuite):
             system.append(counts)
             system.run(self._replay_case(system, figures, counts, steps))
 
-        conformance.seeded(conformance.settings(conformance.profile.replay_examples)(run))()
+        conformance.explore(run, conformance.profile.replay_examples, figures)
 
     @check
     def test_records_appended_while_reading_are_returned_once_across_restores(
@@ -280,7 +280,7 @@ class SourceReplaySuite(ConnectorSuite):
 
         # Half the replay cases: the appends make each case longer.
         examples = max(1, conformance.profile.replay_examples // 2)
-        conformance.seeded(conformance.settings(examples)(run))()
+        conformance.explore(run, examples, figures)
 
     async def _replay_case(
         self,
@@ -708,7 +708,7 @@ class SourceRangeReadSuite(ConnectorSuite):
 
         # A third of the replay cases: each reads every range three ways and chains plans.
         examples = max(1, conformance.profile.replay_examples // 3)
-        conformance.seeded(conformance.settings(examples)(run))()
+        conformance.explore(run, examples, figures)
 
     @check
     def test_plan_end_names_only_records_already_appended(
