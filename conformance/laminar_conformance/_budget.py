@@ -23,7 +23,7 @@ BUDGET_FLOOR = 25
 
 
 class _Spent(BaseException):
-    """Ends a Hypothesis run at the start of a case (not an ``Exception``: not a failure)."""
+    """Ends a Hypothesis run after a case (not an ``Exception``: not a failure)."""
 
 
 class CaseBudget:
@@ -53,8 +53,6 @@ class CaseBudget:
             test()
 
     def _case(self, inner: Callable[..., None], *args: object, **kwargs: object) -> None:
-        if self._spent():
-            raise _Spent
         self.ran += 1
         try:
             inner(*args, **kwargs)
@@ -63,6 +61,11 @@ class CaseBudget:
         except Exception:
             self._failed = True
             raise
+        # At the end of a case that drew all it draws: stopped before drawing, a case would
+        # contradict what Hypothesis recorded of the cases before it (a state machine's
+        # steps are all drawn inside the case).
+        if self._spent():
+            raise _Spent
 
     def _spent(self) -> bool:
         return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, rule
 from laminar_conformance._budget import BUDGET_FLOOR, CaseBudget
 
 
@@ -43,3 +44,28 @@ def test_a_failure_is_still_shrunk_and_raised_once_the_budget_is_spent():
     with pytest.raises(AssertionError, match="1000 is too large"):
         budget.explore(counting_test(seen, fails_at=1000))
     assert len(seen) > BUDGET_FLOOR, "the shrinking ran past the floor: the budget was off"
+
+
+class Counter(RuleBasedStateMachine):
+    """Draws every step inside the case, as the kit's sink state machines do."""
+
+    cases = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Counter.cases += 1
+        self.total = 0
+
+    @rule(amount=st.integers(0, 5))
+    def add(self, amount: int) -> None:
+        self.total += amount
+
+
+def test_a_state_machine_is_cut_short_between_cases_without_confusing_hypothesis():
+    Counter.cases = 0
+    test = get_state_machine_test(
+        Counter, settings=settings(max_examples=100, database=None, derandomize=True)
+    )
+    budget = CaseBudget(0.0, planned=100)
+    budget.explore(test)  # a case stopped before its draws made Hypothesis raise Flaky*
+    assert Counter.cases == budget.ran == BUDGET_FLOOR
