@@ -11,6 +11,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+from laminar_conformance._budget import BUDGET_FLOOR
 from laminar_conformance._cli import add_conformance_commands, generated_module
 from laminar_conformance.contexts import ConformancePlugins
 
@@ -72,8 +73,14 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     )
     figures = next(line for line in text.splitlines() if line.startswith("- Figures:"))
     cases, faults = (int(figures.split()[i]) for i in (2, 5))
-    assert cases > 100
-    assert faults > 50
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| test_")]
+    assert cases == sum(int(row[2]) for row in rows)
+    assert faults == sum(int(row[3]) for row in rows) > 50
+    machine = next(row for row in rows if row[0].strip() == "test_epoch_protocol_state_machine")
+    ran = int(machine[2])
+    # The quick profile's 100 schedules (and those Hypothesis drew and discarded), or fewer
+    # when its time budget cut the check short (on a busy machine), which its reason says.
+    assert ran >= 100 or (ran >= BUDGET_FLOOR and f"ran {ran} of 100 cases" in machine[-1]), machine
     suite = ElementTree.parse(junit).getroot().find("testsuite")
     assert int(suite.get("tests")) > 25
     assert int(suite.get("failures")) == 0
