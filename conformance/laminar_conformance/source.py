@@ -372,13 +372,7 @@ class SourceReplaySuite(ConnectorSuite):
         partitions once, when it opens or restores, fails here.
         """
         _require_replay(conformance)
-        system = SourceSystem(conformance)
-        if system.partitions < 2:
-            system.context.close()
-            skip("multi-partition", f"{system.traits.not_multi_partition}")
-        if not system.live_appends:
-            system.context.close()
-            skip("live-appends", f"{system.traits.not_live}, so a partition cannot appear")
+        system = _system_whose_partitions_change(conformance, "appear")
         held_back = system.partitions - 1
         system.append([4] * held_back + [0])
 
@@ -433,13 +427,7 @@ class SourceReplaySuite(ConnectorSuite):
         """
         _require_replay(conformance)
         skip_if_turned_off(conformance, "partition-removal")
-        system = SourceSystem(conformance)
-        if system.partitions < 2:
-            system.context.close()
-            skip("multi-partition", f"{system.traits.not_multi_partition}")
-        if not system.live_appends:
-            system.context.close()
-            skip("live-appends", f"{system.traits.not_live}, so a partition cannot go")
+        system = _system_whose_partitions_change(conformance, "go")
         remove = getattr(system.context, "remove_partition", None)
         if not callable(remove):
             system.context.close()
@@ -607,6 +595,21 @@ def _read_through_crashes(
         figures.timeline = timeline.to_json()
         raise AssertionError(f"{failure}\n{timeline.text()}") from None
     return plan
+
+
+def _system_whose_partitions_change(target: Target, change: str) -> SourceSystem:
+    """A system for a check that makes a partition ``change`` (appear, go) while a source runs.
+
+    Skips, saying why, when the probe found one partition only or no live appends.
+    """
+    system = SourceSystem(target)
+    if system.partitions < 2:
+        system.context.close()
+        skip("multi-partition", f"{system.traits.not_multi_partition}")
+    if not system.live_appends:
+        system.context.close()
+        skip("live-appends", f"{system.traits.not_live}, so a partition cannot {change}")
+    return system
 
 
 @contextlib.contextmanager
