@@ -268,6 +268,26 @@ def release_crashed_run(crash: SimulatedCrash) -> None:
 
 
 @contextlib.contextmanager
+def collecting_only_what_it_makes() -> Iterator[None]:
+    """Run a check whose crashed runs :func:`release_crashed_run` collects, cheaply.
+
+    What lived before the check (the modules, pytest's and Hypothesis's state) cannot be what
+    a crashed run left: it is frozen (:func:`gc.freeze`) for the check, so each collection
+    only looks at what the check made — under a millisecond instead of about 100 ms a crash
+    in a process that has imported pyarrow, Hypothesis and a driver. A process that froze
+    objects itself is left as it is.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
 def dropping_what_crashes_left() -> Iterator[None]:
     """Run runs that crash in process in this block, and collect what they left at its end.
 

@@ -110,7 +110,7 @@ PROFILES = {
         machine_steps=30,
         recovery_examples=50,
         replay_examples=150,
-        case_budget_s=15.0,
+        case_budget_s=8.0,
     ),
     "full": Profile(
         "full",

@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from laminar_conformance._budget import CaseBudget
+from laminar_conformance._faults import collecting_only_what_it_makes
 from laminar_conformance._figures import (
     COUNTERS,
     CRASH_POINTS_PROPERTY,
@@ -162,7 +163,8 @@ def check(test: Callable[P, None]) -> Callable[P, None]:
     @functools.wraps(test)
     def run_check(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
-            test(*args, **kwargs)
+            with collecting_only_what_it_makes():
+                test(*args, **kwargs)
         except Exception as error:
             target = kwargs.get("conformance")
             if isinstance(target, Target):

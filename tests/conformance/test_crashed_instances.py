@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import weakref
 from pathlib import Path
 
 import pytest
-from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
+from laminar_conformance._faults import (
+    Fault,
+    FaultPlan,
+    FaultPoint,
+    collecting_only_what_it_makes,
+    with_watched_threads,
+)
 from laminar_conformance._reference_contexts import MemorySinkContext
 from laminar_conformance.sink import _run_staged_through_faults, _run_through_faults
 
@@ -80,3 +87,31 @@ def test_a_run_that_crashed_holds_nothing_when_the_next_opens(tmp_path):
 
     assert restarts == 1
     assert sorted(session.context.committed_ids()) == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_run_that_crashed_in_a_check_holds_nothing_when_the_next_opens(tmp_path):
+    # As every check runs: what lived before it is frozen, and collections look only at what
+    # the check made; the crashed instance (made in the check) must still be let go.
+    session = Session(tmp_path)
+    plan = FaultPlan([FaultPoint("commit_epoch", Fault.CRASH_BEFORE, 1)])
+
+    with collecting_only_what_it_makes():
+        assert gc.get_freeze_count() > 0
+        restarts = asyncio.run(
+            with_watched_threads(_run_through_faults(session, tmp_path / "ckpt", EPOCHS, plan))
+        )
+
+    assert restarts == 1
+    assert sorted(session.context.committed_ids()) == [1, 2, 3, 4, 5, 6, 7]
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_process_that_froze_objects_itself_keeps_them_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collecting_only_what_it_makes():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
