@@ -72,6 +72,7 @@ def test_guide_has_the_plugin_files():
 
 
 @pytest.mark.slow
+@pytest.mark.full  # nightly: CI installs and checks the plugin `laminar new-plugin` makes
 def test_plugin_written_from_the_guide_installs_with_pip_and_works(tmp_path):
     project = tmp_path / "laminar-plugin-example"
     for relative, body in guide_files().items():

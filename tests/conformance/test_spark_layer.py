@@ -181,6 +181,7 @@ def test_the_same_sink_with_its_commit_record_on_disk_passes(tmp_path, one_insta
 
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.full  # nightly: CI runs the Spark layer catching a sink's bug (below)
 def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     """A third-party polled source of three partitions, probed live: data arrives while down."""
     # Its in-process checks: tests/conformance/test_broken_variants.py.

@@ -145,6 +145,7 @@ def test_a_launcher_removes_the_work_directories_of_launchers_that_died(monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.full  # nightly: every Kafka test in CI starts a broker through the launcher
 def test_local_broker_serves_clients_survives_a_restart_and_leaves_nothing_behind(tmp_path):
     broker = LocalKafka(workdir=tmp_path)
     with broker:

@@ -55,6 +55,7 @@ def laminar(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.spark
+@pytest.mark.full  # nightly: CI runs a pipeline file with the quick-start demo's
 def test_run_a_pipeline_file_with_a_transform_exactly_once(tmp_path: Path) -> None:
     pipeline = tmp_path / "pipeline.toml"
     pipeline.write_text(PIPELINE.format(source="generator"))

@@ -42,8 +42,8 @@ COMMITTED_AT_CRASH = {
     ProtocolStep.COMMITTED_MANIFEST: True,
     ProtocolStep.DONE: True,
 }
-# CI kills once, after the commit and before its manifest (tests/spark/test_live_source_recovery.py
-# kills at write, commit and done); `tox -e full` kills at every step.
+# CI kills once, after the commit and before its manifest; `tox -e full` kills at every step
+# (and tests/spark/test_live_source_recovery.py at write, commit and done).
 DEFAULT_STEPS = {ProtocolStep.COMMITTED_MANIFEST}
 
 

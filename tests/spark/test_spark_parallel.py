@@ -168,10 +168,12 @@ def test_a_deleted_spark_checkpoint_with_the_laminar_one_kept_is_refused(
 
 ROWS = 30  # 60 rows: micro-batches 0 and 1 hold 25 rows, micro-batch 2 holds 10
 CRASH_EPOCH = 1
-# CI kills between the manifest and the commit; `tox -e full` at each step around it too.
+# Nightly (`tox -e full`) only: three Spark drivers each. CI kills the files sink's distributed
+# commit midway in processes of its own (plugins/files/tests/test_files_crash.py), and a Spark
+# pipeline after its commit (test_spark_crash_recovery.py).
 STEPS = [
     pytest.param(ProtocolStep.MANIFEST, id="manifest", marks=pytest.mark.full),
-    pytest.param(ProtocolStep.COMMIT, id="commit"),
+    pytest.param(ProtocolStep.COMMIT, id="commit", marks=pytest.mark.full),
     pytest.param(ProtocolStep.COMMITTED_MANIFEST, id="committed-manifest", marks=pytest.mark.full),
 ]
 

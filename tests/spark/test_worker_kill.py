@@ -17,6 +17,7 @@ ROWS = 60
 
 
 @pytest.mark.spark
+@pytest.mark.full  # nightly: a Spark retry of a killed task (CI kills whole pipelines)
 def test_a_write_worker_killed_mid_write_is_retried_and_commits_once(tmp_path: Path) -> None:
     marker = tmp_path / "writer-killed"
     result = subprocess.run(

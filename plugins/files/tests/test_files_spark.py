@@ -45,6 +45,7 @@ def laminar_run(pipeline: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.full  # nightly: CI runs the files sink on Spark in the quick-start demo's test
 def test_files_flow_from_a_directory_to_published_epochs_exactly_once(tmp_path: Path) -> None:
     pipeline = tmp_path / "pipeline.toml"
     pipeline.write_text(PIPELINE)

@@ -85,6 +85,7 @@ def test_every_id_is_committed_once_after_a_sigkill_at_each_step(kafka, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.full  # nightly: CI kills the pipeline before and after the commit decision (above)
 def test_a_broker_restart_in_the_middle_of_an_epoch_keeps_every_id_once(tmp_path):
     # A broker of its own: restarting the session's broker would disturb the other tests.
     with LocalKafka(workdir=tmp_path / "broker") as broker:
