@@ -41,20 +41,19 @@ Run = Callable[[Coroutine[Any, Any, T]], T]
 # file started last would leave one worker running it alone at the end.
 LONGEST_FIRST = (
     "tests/conformance/test_broken_variants.py",
-    "tests/test_scaffold.py",
-    "tests/spark/test_live_source_recovery.py",
-    "tests/conformance/test_spark_layer.py",
     "plugins/kafka/tests/test_kafka_conformance.py",
     "tests/spark/test_laminar_run.py",
     "tests/conformance/test_conformance_cli.py",
-    "tests/spark/test_spark_parallel.py",
-    "tests/conformance/test_reference_conformance.py",
-    "tests/spark/test_spark_crash_points.py",
-    "plugins/kafka/tests/test_kafka_spark.py",
-    "tests/spark/test_spark_crash_recovery.py",
+    "tests/conformance/test_spark_layer.py",
+    "tests/spark/test_spark_bridge.py",
+    "plugins/postgres/tests/test_postgres_conformance.py",
     "plugins/files/tests/test_files_conformance.py",
+    "plugins/files/tests/test_files_crash.py",
+    "tests/conformance/test_reference_conformance.py",
+    "plugins/files/tests/test_files_source.py",
+    "plugins/postgres/tests/test_postgres_broken_variants.py",
+    "tests/checkpoint/test_checkpoint_object_store.py",
     "tests/services/test_kafka_service.py",
-    "plugins/files/tests/test_files_spark.py",
 )
 
 
