@@ -48,8 +48,7 @@ CRASHES = (
 )
 PARTITION_ADDED_AFTER = 1
 # Twice at the points where a re-run must hold its first run's records (a committed micro-batch,
-# a planned one), each followed by damage, then at random; and every kill above. Both nightly
-# (`tox -e full`): three to five Spark drivers, two to four of CI's twelve minutes.
+# a planned one), each followed by damage, then at random; and every kill above.
 TWO_CRASHES = (CRASHES[0], CRASHES[2])
 
 
@@ -58,12 +57,11 @@ def newest_manifest(work: Path) -> Path:
     return max(manifests, key=lambda path: path.parent.name)
 
 
+# Nightly (`tox -e full`): three to five Spark drivers, two to four of CI's twelve minutes.
+@pytest.mark.full
 @pytest.mark.parametrize(
     "crashes",
-    [
-        pytest.param(TWO_CRASHES, id="two-kills", marks=pytest.mark.full),
-        pytest.param(CRASHES, id="four-kills", marks=pytest.mark.full),
-    ],
+    [pytest.param(TWO_CRASHES, id="two-kills"), pytest.param(CRASHES, id="four-kills")],
 )
 def test_a_polled_source_appended_to_while_killed_delivers_exactly_once(
     tmp_path: Path, spool_site: str, appender: Appender, crashes: tuple

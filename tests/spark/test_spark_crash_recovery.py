@@ -42,12 +42,7 @@ COMMITTED_AT_CRASH = {
     ProtocolStep.COMMITTED_MANIFEST: True,
     ProtocolStep.DONE: True,
 }
-# Nightly (`tox -e full`) at every step (and tests/spark/test_live_source_recovery.py at write,
-# commit and done); CI kills a Spark pipeline in its commit and restarts it in the quick-start
-# demo's test (tests/spark/test_laminar_run.py).
-
-
-STEPS = [pytest.param(step, id=step.value, marks=pytest.mark.full) for step in COMMITTED_AT_CRASH]
+STEPS = [pytest.param(step, id=step.value) for step in COMMITTED_AT_CRASH]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +56,10 @@ def crashed_runs(selected_params, tmp_path_factory: pytest.TempPathFactory):
     return {step: runs[f"{step.value}:{CRASH_EPOCH}"] for step in selected}
 
 
+# Nightly (`tox -e full`) at every step (and tests/spark/test_live_source_recovery.py at write,
+# commit and done); CI kills a Spark pipeline in its commit and restarts it in the quick-start
+# demo's test (tests/spark/test_laminar_run.py).
+@pytest.mark.full
 @pytest.mark.parametrize("step", STEPS)
 def test_restart_after_kill_at_protocol_step_delivers_exactly_once(
     spark: SparkSession, crashed_runs: dict[ProtocolStep, CrashedRun], step: ProtocolStep

@@ -168,13 +168,10 @@ def test_a_deleted_spark_checkpoint_with_the_laminar_one_kept_is_refused(
 
 ROWS = 30  # 60 rows: micro-batches 0 and 1 hold 25 rows, micro-batch 2 holds 10
 CRASH_EPOCH = 1
-# Nightly (`tox -e full`) only: three Spark drivers each. CI kills the files sink's distributed
-# commit midway in processes of its own (plugins/files/tests/test_files_crash.py), and a Spark
-# pipeline after its commit (test_spark_crash_recovery.py).
 STEPS = [
-    pytest.param(ProtocolStep.MANIFEST, id="manifest", marks=pytest.mark.full),
-    pytest.param(ProtocolStep.COMMIT, id="commit", marks=pytest.mark.full),
-    pytest.param(ProtocolStep.COMMITTED_MANIFEST, id="committed-manifest", marks=pytest.mark.full),
+    pytest.param(ProtocolStep.MANIFEST, id="manifest"),
+    pytest.param(ProtocolStep.COMMIT, id="commit"),
+    pytest.param(ProtocolStep.COMMITTED_MANIFEST, id="committed-manifest"),
 ]
 
 
@@ -192,7 +189,11 @@ def crashed(selected_params, tmp_path_factory: pytest.TempPathFactory) -> dict[P
     return {step: works[f"{step.value}:{CRASH_EPOCH}"] for step in selected}
 
 
+# Nightly (`tox -e full`) only: three Spark drivers each. CI kills the files sink's distributed
+# commit midway in processes of its own (plugins/files/tests/test_files_crash.py), and a Spark
+# pipeline in its commit in the quick-start demo's test (test_laminar_run.py).
 @pytest.mark.spark
+@pytest.mark.full
 @pytest.mark.parametrize("step", STEPS)
 def test_a_kill_in_the_distributed_commit_then_a_restart_is_exactly_once(
     spark: SparkSession, crashed: dict[ProtocolStep, Path], step: ProtocolStep
