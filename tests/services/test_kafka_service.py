@@ -144,6 +144,27 @@ def test_a_launcher_removes_the_work_directories_of_launchers_that_died(monkeypa
     assert not living._workdir.exists()
 
 
+def test_each_broker_gets_a_copy_of_the_formatted_log_directory_with_ids_of_its_own(tmp_path):
+    template = tmp_path / "formatted"
+    template.mkdir()
+    (template / "bootstrap.checkpoint").write_bytes(b"\x00features")
+    meta = "#written by the storage tool\nnode.id=1\ndirectory.id=D\nversion=1\ncluster.id=C\n"
+    (template / "meta.properties").write_text(meta)
+    ids = []
+    for broker in ("one", "two"):
+        data = tmp_path / broker / "data"
+        kafka_module._format_log_directory(data, tmp_path / "no-jars-needed", template)
+        assert (data / "bootstrap.checkpoint").read_bytes() == b"\x00features"
+        lines = (data / "meta.properties").read_text().splitlines()
+        assert [line for line in lines if not line.startswith(("cluster.id", "directory.id"))] == [
+            "#written by the storage tool", "node.id=1", "version=1"
+        ]  # fmt: skip
+        ids.append({line.partition("=")[0]: line.partition("=")[2] for line in lines})
+    assert ids[0]["cluster.id"] != ids[1]["cluster.id"]
+    assert ids[0]["directory.id"] != ids[1]["directory.id"]
+    assert (template / "meta.properties").read_text() == meta, "the template must stay as it was"
+
+
 @pytest.mark.slow
 @pytest.mark.full  # nightly: every Kafka test in CI starts a broker through the launcher
 def test_local_broker_serves_clients_survives_a_restart_and_leaves_nothing_behind(tmp_path):
@@ -166,12 +187,15 @@ def test_a_broker_started_from_a_short_lived_thread_outlives_the_thread(monkeypa
     # kafka-storage takes for an option unless it is given as --cluster-id=ID; and the work
     # directory does not exist yet.
     monkeypatch.setattr(kafka_module, "_cluster_id", lambda: "-" + "A" * 21)
+    template = tmp_path / "formatted"  # formatted here, with that id
+    monkeypatch.setattr(kafka_module, "_formatted_log_directory", lambda version: template)
     broker = LocalKafka(workdir=tmp_path / "not" / "there")
     started = threading.Thread(target=broker.start)
     started.start()
     started.join()
     try:
         assert broker._process is not None, "the broker did not start"
+        assert (template / "meta.properties").is_file(), "the formatted directory was not kept"
         time.sleep(2)  # a broker tied to the ended thread is SIGKILLed at once
         assert broker._process.poll() is None, "the broker died with the thread that started it"
         assert produce_and_count(broker.bootstrap_servers, "events", produce=3) == 3

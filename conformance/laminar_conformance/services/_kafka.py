@@ -1,10 +1,11 @@
 """A real Apache Kafka broker for tests: an existing cluster, a container, or a local process.
 
 The local launcher resolves Apache Kafka's own jars from Maven Central with ``mvn`` into a cache
-directory (once), formats a KRaft log directory and starts one combined broker/controller node
-with ``java`` on free loopback ports. The broker dies with the process that started it, even if
-that process is killed: it is forked from the kit's long-lived spawner thread (see
-:mod:`laminar_conformance.services._process` for why a thread, not the process, matters).
+directory (once), formats a KRaft log directory (a copy of one formatted once per release) and
+starts one combined broker/controller node with ``java`` on free loopback ports. The broker
+dies with the process that started it, even if that process is killed: it is forked from the
+kit's long-lived spawner thread (see :mod:`laminar_conformance.services._process` for why a
+thread, not the process, matters).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ KAFKA_BOOTSTRAP_VARIABLE = "LAMINAR_KAFKA_BOOTSTRAP"
 """Set to ``host:port[,host:port]`` to test against an existing cluster instead."""
 
 CACHE_VARIABLE = "LAMINAR_CACHE_DIR"
-"""Where downloaded jars are kept (default ``~/.cache/laminar``)."""
+"""Where downloaded jars, and Kafka's formatted log directory, are kept (default
+``~/.cache/laminar``)."""
 
 _SLF4J_VERSION = "1.7.36"  # the SLF4J API version Kafka's jars are built against
 _STARTED_MARKER = "Kafka Server started"
+_META_PROPERTIES = "meta.properties"
 
 
 class ServiceProvider(enum.Enum):
@@ -395,7 +398,6 @@ class LocalKafka:
         self._port = free_port()
         self._controller_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
-        self._formatted = False
 
     @property
     def bootstrap_servers(self) -> str:
@@ -407,39 +409,6 @@ class LocalKafka:
         """The broker's own log, for diagnosing a failure."""
         return self._workdir / "broker.log"
 
-    def _properties(self) -> Path:
-        data = self._workdir / "data"
-        path = self._workdir / "server.properties"
-        path.write_text(
-            "\n".join(
-                [
-                    "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@127.0.0.1:{self._controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self._port},"
-                    f"CONTROLLER://127.0.0.1:{self._controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self._port}",
-                    "controller.listener.names=CONTROLLER",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    f"log.dirs={data}",
-                    "num.partitions=1",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=4",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "transaction.state.log.num.partitions=4",
-                    "group.initial.rebalance.delay.ms=0",
-                    "auto.create.topics.enable=false",
-                    "",
-                ]
-            )
-        )
-        return path
-
-    def _java_command(self, libs: Path, main_class: str, *args: str) -> list[str]:
-        return [_java(), "-Xmx768m", "-XX:+UseSerialGC", "-cp", f"{libs}/*", main_class, *args]
-
     def start(self) -> str:
         """Start the broker and wait until it accepts clients; return its bootstrap address.
 
@@ -449,41 +418,22 @@ class LocalKafka:
             return self.bootstrap_servers
         libs = resolve_kafka_jars(self._version)
         self._workdir.mkdir(parents=True, exist_ok=True)
-        properties = self._properties()
-        if not self._formatted:
-            self._format(libs, properties)
+        properties = self._workdir / "server.properties"
+        data = self._workdir / "data"
+        _write_properties(properties, data, self._port, self._controller_port)
+        if not (data / _META_PROPERTIES).is_file():  # a restart, or a work directory reused
+            _format_log_directory(data, libs, _formatted_log_directory(self._version))
         with self.log_path.open("ab") as log:
             started_from = log.tell()
             # From the spawner thread: the broker dies with this process, not with the thread
             # that happens to call start() (PR_SET_PDEATHSIG watches the forking thread).
             self._process = spawn(
-                self._java_command(libs, "kafka.Kafka", str(properties)),
+                _java_command(libs, "kafka.Kafka", str(properties)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
         self._wait_until_started(started_from)
         return self.bootstrap_servers
-
-    def _format(self, libs: Path, properties: Path) -> None:
-        """Format the KRaft log directory with a new cluster id (once per work directory)."""
-        result = subprocess.run(
-            self._java_command(
-                libs,
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={_cluster_id()}",
-                f"--config={properties}",
-            ),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise ServiceError(
-                f"formatting Kafka's log directory failed (exit {result.returncode}):\n"
-                f"{(result.stdout + result.stderr)[-2000:]}"
-            )
-        self._formatted = True
 
     def _wait_until_started(self, log_offset: int) -> None:
         assert self._process is not None
@@ -549,6 +499,97 @@ class LocalKafka:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _java_command(libs: Path, main_class: str, *args: str) -> list[str]:
+    # The C1 compiler alone: a test broker serves little, and compiling less lets it start
+    # about half a second sooner on two cores.
+    options = ["-Xmx768m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+    return [_java(), *options, "-cp", f"{libs}/*", main_class, *args]
+
+
+def _formatted_log_directory(version: str) -> Path:
+    """Where the log directory formatted for Kafka ``version``'s brokers is kept."""
+    return _cache_root() / "kafka" / version / "formatted-log-dir"
+
+
+def _format_log_directory(data: Path, libs: Path, template: Path) -> None:
+    """Make ``data`` a formatted KRaft log directory of a new cluster (id) and directory (id).
+
+    Formatting takes a JVM of its own, well over a second; its result differs between brokers
+    only in the two ids of ``meta.properties``. So one log directory is formatted per Kafka
+    release (``template``, made when missing), and each broker gets a copy with ids of its own.
+    """
+    if not (template / _META_PROPERTIES).is_file():
+        _format_template(template, libs)
+    shutil.copytree(template, data, dirs_exist_ok=True)
+    meta = data / _META_PROPERTIES
+    ids = {"cluster.id": _cluster_id(), "directory.id": _cluster_id()}
+    lines = [
+        f"{key}={ids[key]}" if (key := line.partition("=")[0]) in ids else line
+        for line in meta.read_text().splitlines()
+    ]
+    meta.write_text("\n".join(lines) + "\n")
+
+
+def _format_template(template: Path, libs: Path) -> None:
+    """Format a log directory with Kafka's own tool, and make it ``template`` once whole.
+
+    Made aside and renamed into place, so a template is always whole; when another process
+    made it first, its template is kept.
+    """
+    template.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"{template.name}.", dir=template.parent) as aside:
+        properties, data = Path(aside, "server.properties"), Path(aside, "data")
+        # Ports are written, never bound: formatting starts no listener.
+        _write_properties(properties, data, free_port(), free_port())
+        result = subprocess.run(
+            _java_command(
+                libs,
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={_cluster_id()}",
+                f"--config={properties}",
+            ),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ServiceError(
+                f"formatting Kafka's log directory failed (exit {result.returncode}):\n"
+                f"{(result.stdout + result.stderr)[-2000:]}"
+            )
+        with contextlib.suppress(OSError):  # made by another process meanwhile
+            data.rename(template)
+
+
+def _write_properties(path: Path, data: Path, port: int, controller_port: int) -> None:
+    """Write a one-node KRaft configuration to ``path``: its log directory ``data``."""
+    path.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
+                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                "controller.listener.names=CONTROLLER",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "inter.broker.listener.name=PLAINTEXT",
+                f"log.dirs={data}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=4",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "transaction.state.log.num.partitions=4",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=false",
+                "",
+            ]
+        )
+    )
 
 
 def _cluster_id() -> str:
