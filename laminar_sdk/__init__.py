@@ -43,6 +43,7 @@ from laminar_sdk._config import (
     ConnectorConfig,
     PathKind,
     parse_bool,
+    redact_secrets,
 )
 from laminar_sdk._connector import SinkConnector, SourceConnector
 from laminar_sdk._coordinator import (
@@ -219,6 +220,7 @@ __all__ = [
     "open_checkpointer",
     "parse_bool",
     "prune_checkpoints",
+    "redact_secrets",
     "share_records",
     "spark_temporary_files_in",
     "stage_task",

@@ -101,6 +101,11 @@ class ConfigKeySpec:
         its relative values against their own directory, and check that a ``MUST_EXIST``
         path exists before Spark starts (see :class:`PathKind`). ``None``: not a path; its
         value is passed as written.
+    :param check: what else a value must be, beyond its type: given the value, returns what
+        is wrong with it (a phrase; the error names the connector and the key before it), or
+        ``None``. It runs wherever the configuration is validated — the Spark bridge before a
+        query starts, ``laminar run --check``, :meth:`ConnectorConfig.validate` — so it must
+        contact nothing, and must not repeat the value when it may hold a secret.
     """
 
     name: str
@@ -110,6 +115,7 @@ class ConfigKeySpec:
     description: str = ""
     value_type: type = str
     path: PathKind | None = None
+    check: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.value_type not in _PARSERS:
@@ -134,6 +140,36 @@ class ConfigKeySpec:
 def is_secret_key(key: str) -> bool:
     """Whether a key's name marks its value as a secret even without a spec saying so."""
     return _SECRET_KEY_PATTERN.search(key) is not None
+
+
+# Passwords inside connection strings, in the forms drivers accept: a libpq-style keyword
+# (``password=pw``, ``PASSWORD = 'p w'``, quoted with backslash escapes), the password of a
+# URI's user information (``scheme://user:pw@host``) and a URI query parameter
+# (``?password=pw``, ``&password=pw``). Group 2 of each is the secret.
+_CONNECTION_STRING_SECRETS = (
+    re.compile(r"((?:^|[\s;])password\s*=\s*)('(?:\\.|[^'\\])*'?|[^\s;]*)", re.IGNORECASE),
+    re.compile(
+        r"(\b[a-z][a-z0-9+.-]*://[^/?#@\s:]*:)([^/?#\s]*)(?=@[^@/?#\s]*(?:[/?#\s]|$))",
+        re.IGNORECASE,
+    ),
+    re.compile(r"([?&]password=)([^&#\s]*)", re.IGNORECASE),
+)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every password a connection string in it holds replaced by ``***``.
+
+    The SDK's one rule for secrets inside values: :meth:`ConnectorConfig.redacted` (and so
+    ``repr``, ``str``, ``laminar run --check`` and errors that show a configuration) applies
+    it to every value that is not a secret as a whole. It finds a libpq-style keyword
+    (``password=pw``, ``PASSWORD = 'p w'``, ``...;Password=pw`` as in ODBC strings), the
+    password in a URI (``postgresql://user:pw@host/db``) and a URI query parameter
+    (``?password=pw``), in any case. A connector that must refuse a password in a value (so
+    that it comes from a secret key instead) can test ``redact_secrets(value) != value``.
+    """
+    for pattern in _CONNECTION_STRING_SECRETS:
+        text = pattern.sub(lambda match: match[1] + REDACTED, text)
+    return text
 
 
 class ConnectorConfig:
@@ -315,7 +351,8 @@ class ConnectorConfig:
         starts with one of ``allow_prefixes`` (pass-through settings such as ``kafka.``).
 
         :returns: a new configuration with defaults applied and declared secrets marked.
-        :raises ConfigurationError: for the first missing, unknown or mistyped key, naming it.
+        :raises ConfigurationError: for the first missing, unknown or mistyped key, or one
+            whose :attr:`ConfigKeySpec.check` fails, naming it.
         """
         by_name = {spec.name: spec for spec in specs}
         prefixes = tuple(allow_prefixes)
@@ -352,14 +389,23 @@ class ConnectorConfig:
         for spec in by_name.values():
             if spec.name in values and spec.value_type is not str:
                 validated.get_parsed(spec.name, spec.value_type)
+            problem = spec.check(values[spec.name]) if spec.check and spec.name in values else None
+            if problem:
+                raise ConfigurationError(
+                    f"{self._connector_type}: {spec.name}: {problem}", key=spec.name
+                )
         return validated
 
     # Rendering --------------------------------------------------------------------------
 
     def redacted(self) -> dict[str, str]:
-        """Every key, with each secret value replaced by ``***``: safe to log or persist."""
+        """Every key, with each secret value replaced by ``***``: safe to log or persist.
+
+        A password inside another value (a connection string's) is replaced too: see
+        :func:`redact_secrets`.
+        """
         return {
-            key: REDACTED if self.is_secret(key) else value
+            key: REDACTED if self.is_secret(key) else redact_secrets(value)
             for key, value in sorted(self._properties.items())
         }
 

@@ -8,7 +8,13 @@ import pickle
 
 import pytest
 
-from laminar_sdk import REDACTED, ConfigKeySpec, ConfigurationError, ConnectorConfig
+from laminar_sdk import (
+    REDACTED,
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectorConfig,
+    redact_secrets,
+)
 
 SPECS = (
     ConfigKeySpec("bootstrap.servers", required=True, description="Kafka brokers"),
@@ -154,6 +160,49 @@ def test_secrets_never_render(caplog):
         assert REDACTED in rendering
         assert "visible" in rendering, "non-secret values stay readable"
     assert cfg.require("sasl.password") == SECRET, "the connector itself can read it"
+
+
+# Every form of a password inside a connection string that drivers accept.
+CONNECTION_STRINGS = [
+    f"host=db password={SECRET} dbname=app",
+    f"host=db PASSWORD = '{SECRET} with \\' a quote' user=loader",
+    f"postgresql://loader:{SECRET}@db:5432/app",
+    f"postgresql://loader:{SECRET}@with-an-at@db/app?sslmode=require",
+    f"postgresql://loader@db:5432/app?password={SECRET}",
+    f"postgres://loader@db/app?sslmode=require&PassWord={SECRET}",
+    f"Server=db;Password={SECRET};Database=app",
+]
+
+
+@pytest.mark.parametrize("value", CONNECTION_STRINGS)
+def test_a_password_inside_a_connection_string_never_renders(value):
+    cfg = ConnectorConfig("postgres", {"dsn": value, "table": "visible"})
+    for rendering in (repr(cfg), str(cfg), json.dumps(cfg.redacted()), redact_secrets(value)):
+        assert SECRET not in rendering
+        assert "with-an-at" not in rendering, "the password runs to the host's @"
+        assert REDACTED in rendering
+        assert "db" in rendering, "the rest of the string stays readable"
+    assert cfg.require("dsn") == value, "the connector itself reads the whole string"
+
+
+@pytest.mark.parametrize(
+    "value", ["host=db user=loader dbname=app", "https://example.com/a:b@c", "passwords=2"]
+)
+def test_a_connection_string_without_a_password_is_shown_as_written(value):
+    assert redact_secrets(value) == value
+    assert ConnectorConfig("x", {"dsn": value}).redacted() == {"dsn": value}
+
+
+def test_a_key_check_refuses_a_value_wherever_the_config_is_validated():
+    def check(value: str) -> str | None:
+        return "it must not end in a slash" if value.endswith("/") else None
+
+    specs = [ConfigKeySpec("path", required=True, check=check)]
+    assert ConnectorConfig("files", {"path": "/data"}).validate(specs).require("path") == "/data"
+    with pytest.raises(ConfigurationError) as caught:
+        ConnectorConfig("files", {"path": "/data/"}).validate(specs)
+    assert str(caught.value) == "files: path: it must not end in a slash"
+    assert caught.value.key == "path"
 
 
 def test_declared_secret_without_a_secret_looking_name_is_redacted():

@@ -15,11 +15,39 @@ from pathlib import Path
 
 import psycopg
 import pyarrow as pa
-from laminar_sdk import REDACTED, ConfigKeySpec, ConfigurationError, ConnectorConfig
+from laminar_sdk import (
+    REDACTED,
+    ConfigKeySpec,
+    ConfigurationError,
+    ConnectorConfig,
+    redact_secrets,
+)
 
 SINK_NAME = "postgres sink"
 SOURCE_NAME = "postgres source"
 CDC_NAME = "postgres-cdc source"
+
+_REFUSED_DSN = (
+    "it holds a password, which would be shown wherever the dsn is; remove it and set "
+    "password.env (a variable holding it) or password.file"
+)
+
+
+def dsn_problem(dsn: str) -> str | None:
+    """What is wrong with ``dsn`` as the ``dsn`` key's value, or ``None``.
+
+    It must parse as libpq parses it, and hold no password in any form (a keyword, a URI's
+    user information or query, any case): the SDK's :func:`~laminar_sdk.redact_secrets`
+    finds them, and so does libpq's own parse.
+    """
+    if redact_secrets(dsn) != dsn:
+        return _REFUSED_DSN
+    try:
+        parsed = psycopg.conninfo.conninfo_to_dict(dsn.strip())
+    except psycopg.ProgrammingError as error:
+        return f"not a libpq connection string or URI: {redact_secrets(str(error))}"
+    return _REFUSED_DSN if "password" in parsed else None
+
 
 _CONNECTION_KEYS = (
     ConfigKeySpec(
@@ -27,6 +55,7 @@ _CONNECTION_KEYS = (
         required=True,
         description="libpq connection string or URI, without a password "
         "('host=db port=5432 dbname=app user=loader')",
+        check=dsn_problem,
     ),
     ConfigKeySpec(
         "password.env",
@@ -169,7 +198,6 @@ CDC_KEYS: tuple[ConfigKeySpec, ...] = (
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _SINK_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
-_PASSWORD_IN_DSN = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,18 +372,9 @@ def connection_settings(config: ConnectorConfig, connector: str) -> ConnectionSe
     :raises ConfigurationError: naming the key at fault.
     """
     dsn = config.require("dsn").strip()
-    if _PASSWORD_IN_DSN.search(dsn):
-        raise ConfigurationError(
-            f"{connector}: dsn holds a password, which would be shown wherever the dsn is; "
-            "remove it and set password.env (a variable holding it) or password.file",
-            key="dsn",
-        )
-    try:
-        psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as error:
-        raise ConfigurationError(
-            f"{connector}: dsn is not a libpq connection string or URI: {error}", key="dsn"
-        ) from None
+    problem = dsn_problem(dsn)
+    if problem:  # a configuration not validated against the keys (a slot's, dropped)
+        raise ConfigurationError(f"{connector}: dsn: {problem}", key="dsn")
     password_env = config.get("password.env") or None
     password_file = config.get("password.file") or None
     if password_env and password_file:

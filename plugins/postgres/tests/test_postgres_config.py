@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
@@ -13,6 +14,7 @@ from laminar_sdk import (
     ConnectorRole,
     load_connector_registry,
 )
+from laminar_sdk._cli import main
 
 from laminar_plugin_postgres import PostgresSink
 
@@ -125,16 +127,43 @@ def test_a_bad_configuration_is_refused_naming_the_key(registry, connector, role
     assert caught.value.key == key, caught.value
 
 
-@pytest.mark.parametrize(
-    "dsn", [f"host=db password={SECRET}", f"postgresql://user:{SECRET}@db/app"]
-)
-def test_a_password_in_the_dsn_is_refused_and_not_shown(registry, dsn):
-    spec = registry.get("postgres", ConnectorRole.SINK)
-    config = spec.configure({"dsn": dsn, "table": "t", "staging.location": "/tmp/x"})
-    with pytest.raises(ConfigurationError) as caught:
-        asyncio.run(PostgresSink().open(config))
-    assert caught.value.key == "dsn"
-    assert SECRET not in str(caught.value)
+DSNS_WITH_A_PASSWORD = [
+    f"host=db password={SECRET}",
+    f"host=db dbname=app PASSWORD = '{SECRET}'",
+    f"postgresql://user:{SECRET}@db/app",
+    f"postgresql://user@db:5432/app?password={SECRET}",
+    f"postgresql://user@db/app?sslmode=disable&Password={SECRET}",
+]
+
+
+@pytest.mark.parametrize("dsn", DSNS_WITH_A_PASSWORD)
+def test_a_password_in_the_dsn_is_refused_before_anything_opens_and_not_shown(registry, dsn):
+    connectors = [(ConnectorRole.SINK, "postgres"), (ConnectorRole.SINK, "postgres-2pc")]
+    connectors += [(ConnectorRole.SOURCE, "postgres"), (ConnectorRole.SOURCE, "postgres-cdc")]
+    for role, name in connectors:
+        spec = registry.get(name, role)
+        required = {key.name: "t" for key in spec.config_keys if key.required}
+        with pytest.raises(ConfigurationError) as caught:
+            spec.configure({**required, "dsn": dsn})
+        assert caught.value.key == "dsn"
+        assert "dsn: it holds a password" in str(caught.value)
+        assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize("dsn", DSNS_WITH_A_PASSWORD)
+def test_run_check_refuses_a_pipeline_whose_dsn_holds_a_password_without_showing_it(
+    tmp_path, capsys, dsn
+):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[source]\nconnector = "generator"\nrows = 10\n\n'
+        f'[sink]\nconnector = "postgres"\ndsn = {json.dumps(dsn)}\ntable = "t"\n\n'
+        f'[pipeline]\ncheckpoint_location = "state"\n'
+    )
+    assert main(["run", "--check", str(pipeline)]) == 2
+    output = capsys.readouterr()
+    assert "sink.dsn: postgres: dsn: it holds a password" in output.err, output.err
+    assert SECRET not in output.out + output.err
 
 
 def test_a_wrong_password_fails_to_connect_without_showing_it(
