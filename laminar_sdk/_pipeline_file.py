@@ -30,6 +30,12 @@ connector receives the absolute path. A path key marked "must exist" that names 
 an error naming the key and the resolved path, before Spark starts. URIs (s3://...) are
 passed unchanged, as are the values of keys that are not paths.
 
+Connector keys with dots in their names are written as TOML dotted keys (``sink.id = "run1"``,
+``bootstrap.servers = "..."``) or as a sub-table (``[sink.table]`` then ``create = true``); the
+connector receives the key as spelt (``sink.id``, ``table.create``). TOML cannot hold both a key
+and a dotted key that starts with it (``table`` and ``table.create``): quote the longer one
+(``"table.create" = true``).
+
 `laminar run --check PIPELINE.toml` checks the file without starting Spark: the plugins are
 found, every option is declared and of its type, required ones are given, path keys resolve,
 and the connectors can keep the delivery guarantee. `laminar run` makes the same checks first.
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,8 +183,8 @@ def _connector(
         raise _fail(path, f"{section}.connector", str(error)) from None
     path_keys = _path_keys(spec)
     converted: dict[str, str] = {}
-    for key, value in options.items():
-        if isinstance(value, dict | list):
+    for key, value in _dotted(options):
+        if isinstance(value, list):
             raise _fail(path, f"{section}.{key}", "must be a string, number or boolean")
         text = _text(value)
         kind = path_keys.get(key.lower())
@@ -186,6 +192,19 @@ def _connector(
             text = _resolved(path, f"{section}.{key}", text, kind)
         converted[key] = text
     return connector, converted
+
+
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """The keys of a section as the user spelt them, with their values.
+
+    TOML reads ``sink.id = ...`` (unquoted) and ``[sink.table]`` as nested tables: their keys
+    are the connector keys ``sink.id`` and ``table.KEY``.
+    """
+    for key, value in table.items():
+        if isinstance(value, dict):
+            yield from _dotted(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def _path_keys(spec: ConnectorSpec) -> dict[str, PathKind]:
@@ -206,7 +225,15 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
     except FileNotFoundError:
         raise ConfigurationError(f"{path}: no such pipeline file", key="pipeline") from None
     except tomllib.TOMLDecodeError as error:
-        raise ConfigurationError(f"{path}: not valid TOML: {error}", key="pipeline") from error
+        hint = (
+            "; a key that is also the start of a dotted key (`table` and `table.create`) must "
+            'be quoted: "table.create" = ...'
+            if "Cannot overwrite a value" in str(error)
+            else ""
+        )
+        raise ConfigurationError(
+            f"{path}: not valid TOML: {error}{hint}", key="pipeline"
+        ) from error
     for section in document:
         if section not in _SECTIONS:
             raise _fail(path, section, f"unknown section; use {', '.join(sorted(_SECTIONS))}")

@@ -118,6 +118,48 @@ def test_not_toml_and_missing_file(tmp_path):
         load_pipeline_file(tmp_path / "absent.toml")
 
 
+def dotted_registry() -> ConnectorRegistry:
+    """A sink whose keys have dots in their names, as the first-party plugins' do."""
+    registry = ConnectorRegistry()
+    registry.add_source("generator", GeneratorSource, config_keys=[ConfigKeySpec("rows")])
+    keys = ["table", "table.create", "sink.id", "bootstrap.servers"]
+    registry.add_sink("dotted", NullSink, config_keys=[ConfigKeySpec(key) for key in keys])
+    return registry
+
+
+def test_dotted_keys_reach_the_connector_as_spelt_however_toml_nests_them(tmp_path):
+    path = write(
+        tmp_path,
+        '[source]\nconnector = "generator"\n\n'
+        '[sink]\nconnector = "dotted"\nsink.id = "run1"\n"bootstrap.servers" = "b:9092"\n\n'
+        "[sink.table]\ncreate = true\n\n"
+        '[pipeline]\ncheckpoint_location = "state"\n',
+    )
+    pipeline = load_pipeline_file(path, registry=dotted_registry())
+    assert pipeline.sink_options == {
+        "sink.id": "run1",
+        "bootstrap.servers": "b:9092",
+        "table.create": "true",
+    }
+
+
+def test_a_key_and_a_dotted_key_it_starts_say_to_quote_the_dotted_one(tmp_path):
+    path = write(
+        tmp_path,
+        '[source]\nconnector = "generator"\n\n'
+        '[sink]\nconnector = "dotted"\ntable = "t"\ntable.create = true\n\n'
+        '[pipeline]\ncheckpoint_location = "state"\n',
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        load_pipeline_file(path, registry=dotted_registry())
+    assert "Cannot overwrite a value (at line 7" in str(caught.value)
+    assert 'must be quoted: "table.create" = ...' in str(caught.value)
+    quoted = path.read_text().replace("table.create", '"table.create"')
+    path.write_text(quoted)
+    options = load_pipeline_file(path, registry=dotted_registry()).sink_options
+    assert options == {"table": "t", "table.create": "true"}
+
+
 def test_an_unknown_connector_names_the_section_and_the_installed_ones(tmp_path):
     path = write(tmp_path, GOOD.replace('"generator"', '"genrator"'))
     with pytest.raises(ConfigurationError, match="no source connector named 'genrator'") as info:
