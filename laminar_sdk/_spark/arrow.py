@@ -55,7 +55,12 @@ def spark_round_trip_schema(schema: pa.Schema, connector: str) -> pa.Schema:
 def schema_differences(expected: pa.Schema, actual: pa.Schema) -> list[str]:
     """Why batches of ``actual`` cannot be conformed to ``expected``; empty when they can."""
     if actual.names != expected.names:
-        return [f"columns are ({', '.join(actual.names)}), expected ({', '.join(expected.names)})"]
+        wanted = f"({', '.join(expected.names)})"
+        missing = [repr(name) for name in expected.names if name not in actual.names]
+        extra = [repr(name) for name in actual.names if name not in expected.names]
+        problems = [f"missing column(s) {', '.join(missing)} of {wanted}"] if missing else []
+        problems += [f"column(s) {', '.join(extra)} not in {wanted}"] if extra else []
+        return problems or [f"columns in the order ({', '.join(actual.names)}), expected {wanted}"]
     return [
         f"column {want.name!r} is {have.type}, expected {want.type}"
         for want, have in zip(expected, actual, strict=True)

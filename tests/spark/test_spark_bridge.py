@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pyspark import TaskContext
 from pyspark.errors import AnalysisException, StreamingQueryException
@@ -18,7 +19,7 @@ from spark_pipelines import committed_epochs, expected_ids, ids_batch, run_exact
 
 from laminar_sdk import InvalidState, WriteError
 from laminar_sdk._spark import handoff
-from laminar_sdk._spark.arrow import spark_schema
+from laminar_sdk._spark.arrow import schema_differences, spark_schema
 from laminar_sdk._spark.connectors import run
 from laminar_sdk._spark.writer import (
     ArrowBatchesMessage,
@@ -138,10 +139,32 @@ def test_a_stream_whose_columns_do_not_fit_the_sink_fails_before_writing(
 
     with pytest.raises(
         StreamingQueryException,
-        match=r"sink 'memory' cannot take this stream: columns are \(timestamp, value\), "
-        r"expected \(id, partition, value\)",
+        match=r"sink 'memory' cannot take this stream: missing column\(s\) 'id', 'partition' of "
+        r"\(id, partition, value\); column\(s\) 'timestamp' not in \(id, partition, value\)",
     ):
         query.awaitTermination(60)
+
+
+@pytest.mark.parametrize(
+    ("actual", "problems"),
+    [
+        (["id", "partition", "value"], ["column(s) 'value' not in (id, partition)"]),
+        (["id"], ["missing column(s) 'partition' of (id, partition)"]),
+        (["partition", "id"], ["columns in the order (partition, id), expected (id, partition)"]),
+        (["id", "partition"], []),
+    ],
+)
+def test_a_schema_that_does_not_fit_names_the_columns_missing_or_extra(
+    actual: list[str], problems: list[str]
+) -> None:
+    expected = pa.schema([("id", pa.int64()), ("partition", pa.int32())])
+    given = pa.schema(
+        [
+            (name, expected.field(name).type if name in expected.names else pa.string())
+            for name in actual
+        ]
+    )
+    assert schema_differences(expected, given) == problems
 
 
 def test_a_write_task_ships_its_batches_compressed_and_whole(
