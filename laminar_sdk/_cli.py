@@ -95,32 +95,41 @@ def _run(args: argparse.Namespace) -> int:
             f"`laminar run` needs Spark: pip install 'laminar-sdk[spark]' ({error})",
             key="pipeline",
         ) from error
-    from pyspark.errors import StreamingQueryException  # noqa: PLC0415
-
     print(
         f"laminar: running {pipeline.path.name}: {pipeline.source} -> {pipeline.sink} "
         f"({pipeline.delivery}) on {pipeline.master}",
         flush=True,
     )
     spark_run.quiet_lost_driver_tracebacks()
+    log = spark_run.RunLog.new(pipeline)
     try:
         decided = spark_run.decided_epochs(pipeline, registry)
-        query = spark_run.start_pipeline(pipeline)
+        query = spark_run.start_pipeline(pipeline, log)
         spark_run.follow(
             query, lambda progress: print(f"  {progress}", flush=True), decided_through=decided
         )
     except KeyboardInterrupt:
         print("laminar: stopped; the next run resumes from the checkpoint", file=sys.stderr)
+        log.remove()
         return 130
-    except StreamingQueryException as error:
-        print(f"laminar: error: the pipeline failed: {error.getMessage()}", file=sys.stderr)
+    except spark_run.PIPELINE_FAILED as error:
+        text = spark_run.failure_text(error)
+        print(
+            f"laminar: error: the pipeline failed: {spark_run.failure_line(text)}", file=sys.stderr
+        )
+        if args.verbose:
+            print(text, file=sys.stderr)
+        kept = log.keep_failure(text)
+        print(f"laminar: Spark's log, with the failure's tracebacks: {kept}", file=sys.stderr)
         return 1
     except spark_run.DRIVER_LOST as error:
         # py4j's traceback of a vanished JVM says nothing the user can act on, and PySpark's
         # exit hooks, still calling the dead JVM, would log it again: logging ends here.
         logging.disable(logging.CRITICAL)
         print(f"laminar: error: {spark_run.driver_lost(error)}", file=sys.stderr)
+        print(f"laminar: Spark's log: {log.path}", file=sys.stderr)
         return 1
+    log.remove()
     print(f"laminar: done; progress is kept in {pipeline.checkpoint_location}")
     return 0
 
@@ -188,6 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the file without starting Spark: plugins found, options valid, paths "
         "resolved, delivery guarantee possible; exit status 2 naming the key otherwise",
+    )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="when the pipeline fails, print Spark's whole report (Python and Java tracebacks) "
+        "too, not only the one line that says why (it is in Spark's log either way)",
     )
     run.set_defaults(handler=_run)
 

@@ -150,7 +150,7 @@ def _run_pipeline(work: Path, total: int) -> bool:
     _say(
         f"killed on purpose, as planned: the crash hook SIGKILLed Spark's driver at crash point "
         f"{step.number} of epoch {CRASH_POINT.epoch}, so `laminar run` lost its driver and "
-        f"exited with status {status}; its output, ending with that error, is in {log.name}"
+        f"exited with status {status}; its output, with that error, is in {log.name}"
     )
     _say(f"{visible} of {total} rows were visible to readers of {sink} then")
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import py4j
-from py4j.protocol import Py4JNetworkError
+from py4j.protocol import Py4JJavaError, Py4JNetworkError
+from pyspark.errors import PySparkException
 from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._errors import ConfigurationError, LaminarError
 from laminar_sdk._pipeline_file import PipelineFile
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
 from laminar_sdk._spark.faults import (
@@ -25,13 +30,109 @@ from laminar_sdk._spark.faults import (
     crash_recorded,
 )
 from laminar_sdk._spark.options import checkpointer_of, parse_options
-from laminar_sdk._spark.session import build_session
+from laminar_sdk._spark.session import DRIVER_JAVA_OPTIONS, build_session
 
 SOURCE_VIEW = "source"
 """The temporary view a pipeline's SQL transform reads the source from."""
 
 DRIVER_LOST = (Py4JNetworkError, ConnectionError)
 """What a call into Spark raises once the driver's JVM is gone (killed, or crashed)."""
+
+
+PIPELINE_FAILED = (PySparkException, Py4JJavaError)
+"""What Spark raises when a pipeline fails once Spark started: the query failed, or Spark
+refused to start it (a checkpoint location it cannot write, a SQL transform that does not
+analyse)."""
+
+_JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+(\w*(?:Exception|Error)): (.+)$", re.MULTILINE)
+
+
+def _laminar_error_names() -> Iterator[str]:
+    pending: list[type[BaseException]] = [LaminarError]
+    while pending:
+        error = pending.pop()
+        yield error.__name__
+        pending += error.__subclasses__()
+
+
+def failure_text(error: BaseException) -> str:
+    """All Spark says of a failed pipeline: the Python and Java tracebacks, as Spark joined them."""
+    if isinstance(error, Py4JJavaError):
+        return f"{error.errmsg}\n{error.java_exception}"
+    if isinstance(error, PySparkException):
+        return error.getMessage()
+    return str(error)
+
+
+def failure_line(text: str) -> str:
+    """The one line of a failed pipeline's :func:`failure_text` that says what went wrong.
+
+    A connector's error reaches the driver inside a Python worker's traceback, itself inside
+    a Java stack trace: the last laminar error printed in it (a plugin's own subclasses
+    included) is what the user can act on, as ``SchemaMismatch: sink 'postgres' ...``.
+    Without one, the first Java exception (``IOException: mkdir of file:/... failed``), else
+    the first line.
+    """
+    names = "|".join(sorted(set(_laminar_error_names()), key=len, reverse=True))
+    laminar = re.findall(rf"^(?:[\w.]+\.)?({names}): (.+)$", text, re.MULTILINE)
+    if laminar:
+        name, message = laminar[-1]
+        return f"{name}: {message.strip()}"
+    java = _JAVA_EXCEPTION.search(text)
+    if java is not None:
+        return f"{java[1]}: {java[2].strip()}"
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")
+
+
+_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Where Spark's own log of one ``laminar run`` goes, instead of the terminal.
+
+    A directory in the system's temporary directory (not beside the checkpoint location,
+    which may be what could not be written), holding Spark's log (``spark.log``) and the
+    log4j configuration that sends it there. The terminal keeps laminar's lines only.
+    """
+
+    directory: Path
+
+    @classmethod
+    def new(cls, pipeline: PipelineFile) -> RunLog:
+        """A new one for a run of ``pipeline``."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        directory = Path(tempfile.mkdtemp(prefix=f"laminar-run-{pipeline.path.stem}-{stamp}-"))
+        (directory / "log4j2.properties").write_text(_LOG4J2.format(log=directory / "spark.log"))
+        return cls(directory)
+
+    @property
+    def path(self) -> Path:
+        """Spark's log, and a failed run's whole report at its end."""
+        return self.directory / "spark.log"
+
+    @property
+    def java_option(self) -> str:
+        """The driver's JVM option that sends Spark's log here."""
+        return f"-Dlog4j2.configurationFile={self.directory / 'log4j2.properties'}"
+
+    def keep_failure(self, text: str) -> Path:
+        """Add a failed run's whole report to the log; the log's path."""
+        with self.path.open("a", encoding="utf-8") as log:
+            log.write(f"\n--- the pipeline failed: Spark's report ---\n{text}\n")
+        return self.path
+
+    def remove(self) -> None:
+        """Remove the log: the run went well."""
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class _LostDriverTraceback(logging.Filter):
@@ -148,15 +249,14 @@ def decided_epochs(pipeline: PipelineFile, registry: ConnectorRegistry) -> int:
     return -1 if search.recovered is None else search.recovered.manifest.epoch
 
 
-def start_pipeline(pipeline: PipelineFile) -> StreamingQuery:
-    """Build the Spark session and start the pipeline's streaming query."""
+def start_pipeline(pipeline: PipelineFile, log: RunLog) -> StreamingQuery:
+    """Build the Spark session and start the pipeline's streaming query; Spark logs to ``log``."""
     spark = build_session(
         master=pipeline.master,
         app_name=f"laminar {pipeline.path.stem}",
         # Each epoch is reported as it commits; Spark's own progress bar would garble that.
-        **{"spark.ui.showConsoleProgress": "false"},
+        **{"spark.ui.showConsoleProgress": "false", DRIVER_JAVA_OPTIONS: log.java_option},
     )
-    spark.sparkContext.setLogLevel("ERROR")
     frame = (
         spark.readStream.format("laminar")
         .options(**pipeline.spark_options(ConnectorRole.SOURCE))

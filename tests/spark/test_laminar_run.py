@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import subprocess
 import sys
@@ -14,12 +15,13 @@ import pytest
 from laminar_conformance.spark import run_pipeline_file
 from py4j.java_gateway import GatewayClient
 
-from laminar_sdk import load_connector_registry
+from laminar_sdk import ConnectorError, load_connector_registry
 from laminar_sdk._pipeline_file import load_pipeline_file
 from laminar_sdk._spark.run import (
     _LOST_DRIVER_TRACEBACK,
     decided_epochs,
     driver_lost,
+    failure_line,
     quiet_lost_driver_tracebacks,
 )
 from laminar_sdk.reference import MemorySink
@@ -92,6 +94,70 @@ def test_run_with_an_unknown_connector_fails_before_data_moves(tmp_path: Path) -
 
 @pytest.mark.spark
 @pytest.mark.slow
+def test_a_pipeline_that_fails_on_spark_ends_in_one_line_and_keeps_spark_s_report(tmp_path):
+    pipeline = tmp_path / "pipeline.toml"
+    # The sink takes (id, partition, value): the transform leaves `partition` out.
+    text = PIPELINE.format(source="generator").replace("SELECT *", "SELECT id, value")
+    pipeline.write_text(text)
+    result = laminar("run", str(pipeline))
+    assert result.returncode == 1
+    said = [line for line in result.stderr.splitlines() if line.startswith("laminar: ")]
+    assert said[0] == (
+        "laminar: error: the pipeline failed: SchemaMismatch: sink 'memory' cannot take this "
+        "stream: missing column(s) 'partition' of (id, partition, value). Select or cast the "
+        "columns before writeStream"
+    ), result.stderr
+    assert said[1].startswith("laminar: Spark's log, with the failure's tracebacks: ")
+    assert "Traceback" not in result.stderr, "Python's tracebacks belong in Spark's log"
+    assert " at org.apache" not in result.stderr, "and so do Java's"
+    log = Path(said[1].rpartition(": ")[2])
+    kept = log.read_text()
+    assert "ERROR MicroBatchExecution: Query" in kept, "Spark's own log went there"
+    assert "the pipeline failed: Spark's report" in kept
+    assert "Traceback (most recent call last)" in kept
+    shutil.rmtree(log.parent)
+
+
+PYTHON_WORKER_FAILURE = """\
+org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 1.0 failed
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "/site/laminar_plugin_vault/_sink.py", line 80, in write_batch
+    raise TransactionError("vault sink: commit of epoch 3 failed: server gone")
+laminar_sdk._errors.TransactionError: vault sink: commit of epoch 3 failed: server gone
+\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            PYTHON_WORKER_FAILURE,
+            "TransactionError: vault sink: commit of epoch 3 failed: server gone",
+        ),
+        (
+            "error\njava.io.IOException: mkdir of file:/ro/state failed\n\tat org.apache.X(Y:1)",
+            "IOException: mkdir of file:/ro/state failed",
+        ),
+        ("\n[CANNOT_RESOLVE] something Spark says\nmore", "[CANNOT_RESOLVE] something Spark says"),
+    ],
+)
+def test_the_line_a_failed_pipeline_ends_with_is_the_error_the_user_can_act_on(text, line):
+    assert failure_line(text) == line
+
+
+def test_a_plugin_s_own_error_class_is_the_line_too():
+    class VaultSealed(ConnectorError):
+        """A plugin's own error, defined after the SDK was loaded."""
+
+    text = PYTHON_WORKER_FAILURE.replace(
+        "laminar_sdk._errors.TransactionError: vault sink", "laminar_plugin_vault.VaultSealed: it"
+    )
+    assert failure_line(text) == "VaultSealed: it: commit of epoch 3 failed: server gone"
+
+
+@pytest.mark.spark
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "with_the_kit",
     # CI runs the pipeline part; the kit's files-sink run is the kit's own tests' business.
@@ -106,9 +172,11 @@ def test_the_quick_start_demo_survives_its_kill_exactly_once(
     assert "laminar demo: killed on purpose, as planned: the crash hook SIGKILLed" in result.stdout
     killed_run = (tmp_path / "demo" / "killed-run.log").read_text()
     assert "Traceback" not in killed_run, "the lost driver is one line, not py4j's traceback"
-    assert killed_run.splitlines()[-1].startswith(
+    error, log = killed_run.splitlines()[-2:]
+    assert error.startswith(
         "laminar: error: LAMINAR_SPARK_CRASH_AT=commit:2 is set, so this is the deliberate kill"
     )
+    assert log.startswith("laminar: Spark's log: "), "where the lost driver's JVM logged"
     rerun = "epoch 2: 20000 rows read again after a restart; its commit was decided before"
     assert rerun in result.stdout, "the micro-batch killed in its commit ran again, not twice"
     assert "exactly once: nothing lost, nothing doubled" in result.stdout
