@@ -114,9 +114,9 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except spark_run.PIPELINE_FAILED as error:
         text = spark_run.failure_text(error)
-        print(
-            f"laminar: error: the pipeline failed: {spark_run.failure_line(text)}", file=sys.stderr
-        )
+        line = spark_run.failure_line(text)
+        hint = spark_run.checkpoint_hint(line, pipeline)
+        print(f"laminar: error: the pipeline failed: {line}{hint}", file=sys.stderr)
         if args.verbose:
             print(text, file=sys.stderr)
         kept = log.keep_failure(text)

@@ -84,6 +84,24 @@ def failure_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")
 
 
+_PATH_IN_MESSAGE = re.compile(r"(?:file:)?(/[^\s,;:'\"]+)")
+
+
+def checkpoint_hint(line: str, pipeline: PipelineFile) -> str:
+    """What to add to a failure ``line`` that names the checkpoint location or a directory above it.
+
+    The key that sets it, and what Spark needs of it; empty when the line names neither.
+    """
+    location = Path(pipeline.checkpoint_location)
+    on_its_way = {location, *list(location.parents)[:-1]}
+    if not any(Path(path) in on_its_way for path in _PATH_IN_MESSAGE.findall(line)):
+        return ""
+    return (
+        f" (pipeline.checkpoint_location is {location}: Spark and laminar keep the pipeline's "
+        "progress there, and must be able to create and write it)"
+    )
+
+
 _LOG4J2 = """\
 rootLogger.level = warn
 rootLogger.appenderRef.file.ref = file

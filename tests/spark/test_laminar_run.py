@@ -19,6 +19,7 @@ from laminar_sdk import ConnectorError, load_connector_registry
 from laminar_sdk._pipeline_file import load_pipeline_file
 from laminar_sdk._spark.run import (
     _LOST_DRIVER_TRACEBACK,
+    checkpoint_hint,
     decided_epochs,
     driver_lost,
     failure_line,
@@ -144,6 +145,20 @@ laminar_sdk._errors.TransactionError: vault sink: commit of epoch 3 failed: serv
 )
 def test_the_line_a_failed_pipeline_ends_with_is_the_error_the_user_can_act_on(text, line):
     assert failure_line(text) == line
+
+
+def test_a_failure_on_the_way_to_the_checkpoint_location_names_its_key(tmp_path):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(PIPELINE.format(source="generator").replace('"state"', '"blocker/state"'))
+    loaded = load_pipeline_file(pipeline)
+    line = "ParentNotDirectoryException: Parent path is not a directory: file:{}"
+    hint = checkpoint_hint(line.format(tmp_path / "blocker"), loaded)
+    assert hint == (
+        f" (pipeline.checkpoint_location is {tmp_path / 'blocker' / 'state'}: Spark and laminar "
+        "keep the pipeline's progress there, and must be able to create and write it)"
+    )
+    assert checkpoint_hint(line.format(tmp_path / "out"), loaded) == "", "another path"
+    assert checkpoint_hint(line.format("/"), loaded) == "", "the root is on every way"
 
 
 def test_a_plugin_s_own_error_class_is_the_line_too():
