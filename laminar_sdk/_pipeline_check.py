@@ -3,17 +3,23 @@
 Every check that needs no running system: the plugins are found, every connector option is
 declared, of its type and given when required (as the Spark bridge checks them, with the same
 function), the SDK's options and the checkpoint store are valid, path keys resolve (done when
-the file is loaded), and the connectors can keep the delivery guarantee. Connectors are built
-but never opened, so nothing is contacted: what only an open connector or Spark can tell (a
-server that cannot be reached, the SQL transform) is checked when the pipeline starts.
+the file is loaded), the checkpoint location and the paths connectors may create can be
+written (tried, and undone), and the connectors can keep the delivery guarantee. Connectors
+are built but never opened, so nothing is contacted: what only an open connector or Spark can
+tell (a server that cannot be reached, the SQL transform) is checked when the pipeline
+starts.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from laminar_sdk._checkpointing.registry import store_for_location
+from laminar_sdk._config import PathKind
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
 from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError
 from laminar_sdk._pipeline_file import PipelineFile, local_path
@@ -120,8 +126,48 @@ def _paths(
             if local.exists()
             else "does not exist yet; may be created"
         )
+        if local is not None and key.path is PathKind.MAY_CREATE:
+            _require_writable(pipeline, f"{role}.{key.name}", local)
+            state += "; writable"
         found.append(CheckedItem(f"{role}.{key.name}", f"{value} ({state})"))
     return found
+
+
+def _require_writable(pipeline: PipelineFile, key: str, path: Path) -> None:
+    """Refuse ``path`` (``key``'s) unless what it names can be written.
+
+    That is: a file can be written in it if it is a directory, else in the directory that
+    holds it (or will), made if need be. Tried for real, and undone: the directories made on
+    the way and the probe file are removed, so a check leaves nothing behind.
+
+    :raises ConfigurationError: naming the key, the path and what stopped it.
+    """
+    directory = path if path.is_dir() else path.parent
+    missing: list[Path] = []
+    existing = directory
+    while not existing.exists():
+        missing.append(existing)
+        existing = existing.parent
+    problem = None if existing.is_dir() else f"{existing} is a file, not a directory"
+    made: list[Path] = []
+    try:
+        for step in [] if problem else reversed(missing):
+            step.mkdir()
+            made.append(step)
+        if problem is None and directory.is_dir():
+            descriptor, probe = tempfile.mkstemp(prefix=".laminar-check-", dir=directory)
+            os.close(descriptor)
+            os.unlink(probe)
+    except OSError as error:
+        problem = f"{error.strerror or error} ({error.filename or directory})"
+    finally:
+        for step in reversed(made):
+            step.rmdir()
+    if problem is not None:
+        raise ConfigurationError(
+            f"{pipeline.path}: {key}: {path} cannot be written: {problem}",
+            key=key,
+        )
 
 
 def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:
@@ -137,7 +183,14 @@ def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:
             else "pipeline.checkpoint_location"
         )
         raise ConfigurationError(f"{pipeline.path}: {key}: {error}", key=key) from error
-    return f"Spark's in {pipeline.checkpoint_location}, the SDK's in {location} (store {store!r})"
+    for kept in {pipeline.checkpoint_location, location}:
+        local = local_path(pipeline.path.parent, kept)
+        if local is not None:
+            _require_writable(pipeline, "pipeline.checkpoint_location", local)
+    return (
+        f"Spark's in {pipeline.checkpoint_location}, the SDK's in {location} (store {store!r}), "
+        "writable"
+    )
 
 
 def _delivery(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[CheckedItem]:

@@ -224,7 +224,7 @@ def test_run_check_says_what_it_checked_and_starts_nothing(tmp_path, capsys):
     assert rows["sink"].endswith(
         "options valid: path=" + str(tmp_path / "out") + ", rows_per_file=10"
     )
-    assert rows["sink.path"] == f"{tmp_path / 'out'} (does not exist yet; may be created)"
+    assert rows["sink.path"] == f"{tmp_path / 'out'} (does not exist yet; may be created; writable)"
     assert rows["checkpoints"].startswith(f"Spark's in {tmp_path / 'state'}, the SDK's in")
     assert rows["delivery"].startswith(
         "exactly-once: source 'generator' replays, sink 'files' declares exactly_once"
@@ -252,6 +252,39 @@ def test_run_check_fails_naming_the_key(tmp_path, capsys, edit, key, message):
     err = capsys.readouterr().err
     assert err.startswith(f"laminar: error: {path}: {key}: "), err
     assert message in err
+
+
+@pytest.mark.parametrize(
+    ("edit", "key", "blocked"),
+    [
+        (('"state"', '"blocker/state"'), "pipeline.checkpoint_location", "blocker/state"),
+        (('"out"', '"blocker/out"'), "sink.path", "blocker/out"),
+    ],
+)
+def test_run_check_refuses_a_location_that_cannot_be_written_and_leaves_nothing(
+    tmp_path, capsys, edit, key, blocked
+):
+    path = checked_pipeline(tmp_path)
+    path.write_text(path.read_text().replace(*edit))
+    (tmp_path / "blocker").write_text("a file where a directory would go")
+    assert main(["run", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"laminar: error: {path}: {key}: {tmp_path / blocked} cannot be "), err
+    assert f"{tmp_path / 'blocker'} is a file, not a directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "pipeline.toml"]
+
+
+def test_run_check_refuses_a_location_the_system_will_not_let_it_write(tmp_path, capsys):
+    path = checked_pipeline(tmp_path)
+    # Nothing, root included, makes a directory in /proc: as a read-only disk would refuse.
+    path.write_text(path.read_text().replace('"state"', '"/proc/laminar-check/state"'))
+    assert main(["run", "--check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"laminar: error: {path}: pipeline.checkpoint_location: /proc/laminar-check/state "
+        "cannot be written: "
+    ), err
+    assert err.rstrip().endswith("(/proc/laminar-check)"), err
 
 
 def test_run_check_refuses_a_guarantee_the_connectors_cannot_keep(tmp_path, capsys):
