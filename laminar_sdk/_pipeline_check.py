@@ -183,7 +183,7 @@ def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:
             else "pipeline.checkpoint_location"
         )
         raise ConfigurationError(f"{pipeline.path}: {key}: {error}", key=key) from error
-    for kept in {pipeline.checkpoint_location, location}:
+    for kept in dict.fromkeys([pipeline.checkpoint_location, location]):  # Spark's first
         local = local_path(pipeline.path.parent, kept)
         if local is not None:
             _require_writable(pipeline, "pipeline.checkpoint_location", local)
