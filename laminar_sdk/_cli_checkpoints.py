@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import itertools
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -68,6 +69,32 @@ async def _latest_or_problem(
         return None, error
 
 
+def missing_epochs(manifests: list[CheckpointManifest], latest: CheckpointId | None) -> list[str]:
+    """Where the readable ``manifests`` skip epochs: one line per gap, none when they don't.
+
+    Each epoch the runtime commits leaves a checkpoint of its own, numbered one after the
+    other; retention removes the oldest only. A gap between two completed ones (not newer
+    than the ``latest`` pointer) is a manifest deleted or lost (its checkpoint's directory
+    may be left, empty). A checkpoint that ``laminar checkpoints mark-committed`` made (it
+    names no sink) may jump: no gap before it. Quarantining one moves the pointer back before
+    it, so what it leaves is not completed.
+    """
+    completed = [m for m in manifests if latest is not None and m.checkpoint_id <= latest]
+    ordered = sorted(completed, key=lambda manifest: manifest.epoch)
+    gaps = []
+    for before, after in itertools.pairwise(ordered):
+        if after.epoch > before.epoch + 1 and after.sink_statuses:
+            first, last = before.epoch + 1, after.epoch - 1
+            epochs = f"epoch {first}" if first == last else f"epochs {first} to {last}"
+            gaps.append(
+                f"no checkpoint of {epochs}, between {before.checkpoint_id} (epoch "
+                f"{before.epoch}) and {after.checkpoint_id} (epoch {after.epoch}): deleted or "
+                "lost. Recovery does not need it (it resumes from the latest); restore it from "
+                "a backup to keep the history whole"
+            )
+    return gaps
+
+
 async def _checkpoints_list(args: argparse.Namespace) -> int:
     store = _open(args)
     ids = await store.list_checkpoints()
@@ -78,6 +105,7 @@ async def _checkpoints_list(args: argparse.Namespace) -> int:
         print(f"no checkpoints at {store.location}")
         return 0
     rows = [("CHECKPOINT", "EPOCH", "TAKEN (UTC)", "SIZE", "SINKS", "")]
+    readable = []
     for checkpoint_id in reversed(ids):
         mark = "latest" if checkpoint_id == latest else ""
         try:
@@ -86,6 +114,7 @@ async def _checkpoints_list(args: argparse.Namespace) -> int:
             unreadable = f"unreadable manifest ({type(error).__name__})"
             rows.append((str(checkpoint_id), "?", "?", "?", unreadable, mark))
             continue
+        readable.append(manifest)
         rows.append(
             (
                 str(checkpoint_id),
@@ -98,6 +127,8 @@ async def _checkpoints_list(args: argparse.Namespace) -> int:
         )
     print(f"{len(ids)} checkpoint(s) at {store.location}, newest first:")
     print(format_table(rows))
+    for gap in missing_epochs(readable, latest):
+        print(f"warning: {gap}")
     return 0
 
 
@@ -145,14 +176,30 @@ async def _checkpoints_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pointer_verdict(
+    latest: CheckpointId | None, problem: CheckpointError | None, ids: list[CheckpointId]
+) -> tuple[str, bool]:
+    """What ``verify`` says of the latest pointer, and whether it is bad."""
+    if problem is not None:
+        return f"BAD: {problem}", True
+    if latest is None:
+        return "none (no checkpoint was completed)", False
+    if latest not in ids:
+        return f"BAD: names {latest}, which has no manifest", True
+    return str(latest), False
+
+
 async def _checkpoints_verify(args: argparse.Namespace) -> int:
     store = _open(args)
     ids = await store.list_checkpoints()
     latest, pointer_problem = await _latest_or_problem(store)
     print(f"verifying {len(ids)} checkpoint(s) at {store.location}")
     bad_paths: list[str] = []
+    readable: list[CheckpointManifest] = []
     for number, checkpoint_id in enumerate(ids, start=1):
         problems = await verify_checkpoint(store, checkpoint_id)
+        if not problems:
+            readable.append(await store.load_manifest(checkpoint_id))
         verdict = "ok" if not problems else f"BAD ({len(problems)} bad file(s))"
         if latest is not None and checkpoint_id > latest:
             verdict += " (not completed: newer than the latest pointer)"
@@ -161,16 +208,13 @@ async def _checkpoints_verify(args: argparse.Namespace) -> int:
             print(f"    {problem}")
             if isinstance(problem, CheckpointStoreError):
                 bad_paths.append(problem.path)
-    if pointer_problem is not None:
-        print(f"latest pointer: BAD: {pointer_problem}")
+    pointer, pointer_bad = _pointer_verdict(latest, pointer_problem, ids)
+    print(f"latest pointer: {pointer}")
+    if pointer_bad:
         bad_paths.append(store.latest_path())
-    elif latest is None:
-        print("latest pointer: none (no checkpoint was completed)")
-    elif latest not in ids:
-        print(f"latest pointer: BAD: names {latest}, which has no manifest")
-        bad_paths.append(store.latest_path())
-    else:
-        print(f"latest pointer: {latest}")
+    gaps = missing_epochs(readable, latest)
+    for gap in gaps:
+        print(f"missing: {gap}")
     if bad_paths:
         print(f"FAILED: {len(bad_paths)} bad file(s) at {store.location}:")
         for path in bad_paths:
@@ -179,6 +223,9 @@ async def _checkpoints_verify(args: argparse.Namespace) -> int:
             "recovery passes over these: restore them from a backup, or set a checkpoint "
             f"aside with `laminar checkpoints quarantine {store.location} ID`"
         )
+        return 1
+    if gaps:
+        print(f"FAILED: {len(gaps)} gap(s) in the checkpoints at {store.location}")
         return 1
     print(f"all {len(ids)} checkpoint(s) valid")
     return 0

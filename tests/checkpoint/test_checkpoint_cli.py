@@ -126,6 +126,32 @@ def test_verify_reports_a_pointer_to_nowhere(
     assert f"names {written[1].checkpoint_id}, which has no manifest" in capsys.readouterr().out
 
 
+def test_a_deleted_manifest_between_two_is_reported_by_list_and_verify(
+    store: FileCheckpointer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    written = [run(write_checkpoint(store, epoch)) for epoch in range(1, 6)]
+    (store.root / store.manifest_path(written[2].checkpoint_id)).unlink()  # its directory stays
+    gap = (
+        f"no checkpoint of epoch 3, between {written[1].checkpoint_id} (epoch 2) and "
+        f"{written[3].checkpoint_id} (epoch 4): deleted or lost"
+    )
+    assert main(["checkpoints", "list", store.location]) == 0
+    assert f"warning: {gap}" in capsys.readouterr().out
+    assert main(["checkpoints", "verify", store.location]) == 1
+    out = capsys.readouterr().out
+    assert f"missing: {gap}" in out
+    assert out.splitlines()[-1] == f"FAILED: 1 gap(s) in the checkpoints at {store.location}"
+
+
+def test_a_marked_epoch_jumps_without_a_gap(
+    store: FileCheckpointer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(write_checkpoint(store, 1))
+    assert main(["checkpoints", "mark-committed", store.location, "--epoch", "7"]) == 0
+    assert main(["checkpoints", "verify", store.location]) == 0
+    assert "missing" not in capsys.readouterr().out
+
+
 def test_unknown_store_lists_the_installed_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
