@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace) -> int:
     except spark_run.PIPELINE_FAILED as error:
         text = spark_run.failure_text(error)
         line = spark_run.failure_line(text)
-        hint = spark_run.checkpoint_hint(line, pipeline)
+        hint = spark_run.checkpoint_hint(line, pipeline) + spark_run.full_disk_hint(text, pipeline)
         print(f"laminar: error: the pipeline failed: {line}{hint}", file=sys.stderr)
         if args.verbose:
             print(text, file=sys.stderr)

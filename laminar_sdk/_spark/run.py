@@ -56,11 +56,13 @@ def _laminar_error_names() -> Iterator[str]:
 
 
 def failure_text(error: BaseException) -> str:
-    """All Spark says of a failed pipeline: the Python and Java tracebacks, as Spark joined them."""
+    """All Spark says of a failed pipeline: the Python and Java tracebacks, as Spark joined them.
+
+    A PySpark exception's text holds its causes' stack traces when the session enables
+    ``spark.sql.pyspark.jvmStacktrace.enabled`` (:func:`start_pipeline` does).
+    """
     if isinstance(error, Py4JJavaError):
         return f"{error.errmsg}\n{error.java_exception}"
-    if isinstance(error, PySparkException):
-        return error.getMessage()
     return str(error)
 
 
@@ -100,6 +102,43 @@ def checkpoint_hint(line: str, pipeline: PipelineFile) -> str:
         f" (pipeline.checkpoint_location is {location}: Spark and laminar keep the pipeline's "
         "progress there, and must be able to create and write it)"
     )
+
+
+NEARLY_FULL_BYTES = 64 * 1024 * 1024
+"""A file system with less free than this is named as the full one after a failure that says
+no space is left."""
+
+
+def full_disk_hint(text: str, pipeline: PipelineFile) -> str:
+    """For a failure whose report says no space is left: which file system it was, or ``""``.
+
+    The report seldom names the file (Java's ``IOException: No space left on device`` does
+    not), so the places the pipeline writes are looked at: the checkpoint location, Spark's
+    temporary files, and each connector option that is a local path. Those with less than
+    :data:`NEARLY_FULL_BYTES` free now are named, with the key that sets each.
+    """
+    if "No space left on device" not in text:
+        return ""
+    places = {
+        "pipeline.checkpoint_location": pipeline.checkpoint_location,
+        "Spark's temporary files (TMPDIR)": tempfile.gettempdir(),
+    }
+    for role, options in (("source", pipeline.source_options), ("sink", pipeline.sink_options)):
+        places |= {f"{role}.{key}": value for key, value in options.items() if value[:1] == "/"}
+    full = []
+    for what, place in places.items():
+        existing = Path(place)
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free
+        if free < NEARLY_FULL_BYTES:
+            full.append(f"{what} ({place}: {free // 1024} KiB free)")
+    if not full:
+        return (
+            ". None of the places this pipeline writes is full now: "
+            f"{', '.join(f'{what} ({place})' for what, place in places.items())}"
+        )
+    return f". Full: {'; '.join(full)}: free space there, or point the key elsewhere"
 
 
 _LOG4J2 = """\
@@ -273,7 +312,13 @@ def start_pipeline(pipeline: PipelineFile, log: RunLog) -> StreamingQuery:
         master=pipeline.master,
         app_name=f"laminar {pipeline.path.stem}",
         # Each epoch is reported as it commits; Spark's own progress bar would garble that.
-        **{"spark.ui.showConsoleProgress": "false", DRIVER_JAVA_OPTIONS: log.java_option},
+        **{
+            "spark.ui.showConsoleProgress": "false",
+            DRIVER_JAVA_OPTIONS: log.java_option,
+            # A failed query's exception then carries its causes' stack traces, where what
+            # the connector raised in a Python worker is (failure_text).
+            "spark.sql.pyspark.jvmStacktrace.enabled": "true",
+        },
     )
     frame = (
         spark.readStream.format("laminar")

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from laminar_conformance.spark import run_pipeline_file
@@ -23,6 +24,7 @@ from laminar_sdk._spark.run import (
     decided_epochs,
     driver_lost,
     failure_line,
+    full_disk_hint,
     quiet_lost_driver_tracebacks,
 )
 from laminar_sdk.reference import MemorySink
@@ -159,6 +161,28 @@ def test_a_failure_on_the_way_to_the_checkpoint_location_names_its_key(tmp_path)
     )
     assert checkpoint_hint(line.format(tmp_path / "out"), loaded) == "", "another path"
     assert checkpoint_hint(line.format("/"), loaded) == "", "the root is on every way"
+
+
+def test_no_space_left_names_the_full_file_systems_the_pipeline_writes(tmp_path, monkeypatch):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(PIPELINE.format(source="generator"))
+    loaded = load_pipeline_file(pipeline)
+    full = tmp_path / "out"  # the sink's path: resolved to an absolute one
+
+    def usage(path):
+        return SimpleNamespace(free=1024 if Path(path) == tmp_path else 10**12)  # out/'s
+
+    monkeypatch.setattr(shutil, "disk_usage", usage)
+    text = "...\nOSError: [Errno 28] No space left on device\n..."
+    assert full_disk_hint(text, loaded) == (
+        f". Full: pipeline.checkpoint_location ({tmp_path / 'state'}: 1 KiB free); "
+        f"sink.path ({full}: 1 KiB free): free space there, or point the key elsewhere"
+    )
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=1 << 40))
+    assert full_disk_hint(text, loaded).startswith(
+        ". None of the places this pipeline writes is full now: pipeline.checkpoint_location"
+    )
+    assert full_disk_hint("Writing job failed", loaded) == ""
 
 
 def test_a_plugin_s_own_error_class_is_the_line_too():
