@@ -148,26 +148,28 @@ def _require_writable(pipeline: PipelineFile, key: str, path: Path) -> None:
     while not existing.exists():
         missing.append(existing)
         existing = existing.parent
-    problem = None if existing.is_dir() else f"{existing} is a file, not a directory"
+    if not existing.is_dir():
+        raise _unwritable(pipeline, key, path, f"{existing} is a file, not a directory")
     made: list[Path] = []
     try:
-        for step in [] if problem else reversed(missing):
+        for step in reversed(missing):
             step.mkdir()
             made.append(step)
-        if problem is None and directory.is_dir():
-            descriptor, probe = tempfile.mkstemp(prefix=".laminar-check-", dir=directory)
-            os.close(descriptor)
-            os.unlink(probe)
+        descriptor, probe = tempfile.mkstemp(prefix=".laminar-check-", dir=directory)
+        os.close(descriptor)
+        os.unlink(probe)
     except OSError as error:
         problem = f"{error.strerror or error} ({error.filename or directory})"
+        raise _unwritable(pipeline, key, path, problem) from None
     finally:
         for step in reversed(made):
             step.rmdir()
-    if problem is not None:
-        raise ConfigurationError(
-            f"{pipeline.path}: {key}: {path} cannot be written: {problem}",
-            key=key,
-        )
+
+
+def _unwritable(pipeline: PipelineFile, key: str, path: Path, problem: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{pipeline.path}: {key}: {path} cannot be written: {problem}", key=key
+    )
 
 
 def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlparse
 
-from laminar_conformance.services._process import ServiceError, spawn
+from laminar_conformance.services._process import ServiceError, require_success, spawn
 
 KAFKA_VERSION = "4.1.1"
 """The Apache Kafka release the local launcher runs."""
@@ -297,11 +297,7 @@ def resolve_maven_jars(
             text=True,
             check=False,
         )
-        if result.returncode != 0:
-            raise ServiceError(
-                f"mvn failed to resolve {what} (exit {result.returncode}):\n"
-                f"{(result.stdout + result.stderr)[-2000:]}"
-            )
+        require_success(result, f"mvn failed to resolve {what}")
         done.touch()
     return libs
 
@@ -555,11 +551,7 @@ def _format_template(template: Path, libs: Path) -> None:
             text=True,
             check=False,
         )
-        if result.returncode != 0:
-            raise ServiceError(
-                f"formatting Kafka's log directory failed (exit {result.returncode}):\n"
-                f"{(result.stdout + result.stderr)[-2000:]}"
-            )
+        require_success(result, "formatting Kafka's log directory failed")
         with contextlib.suppress(OSError):  # made by another process meanwhile
             data.rename(template)
 

@@ -44,7 +44,7 @@ from laminar_conformance.services._kafka import (
     free_port,
     temporary_workdir,
 )
-from laminar_conformance.services._process import ServiceError, spawn
+from laminar_conformance.services._process import ServiceError, require_success, spawn
 
 POSTGRES_DSN_VARIABLE = "LAMINAR_POSTGRES_DSN"
 """Set to a libpq connection string (``host=... port=... dbname=... user=...``) to test against
@@ -320,11 +320,7 @@ class LocalPostgres:
             )
         finally:
             given.unlink()
-        if result.returncode != 0:
-            raise ServiceError(
-                f"initdb failed (exit {result.returncode}):\n"
-                f"{(result.stdout + result.stderr)[-2000:]}"
-            )
+        require_success(result, "initdb failed")
         self._initialized = True
 
     def start(self) -> str:

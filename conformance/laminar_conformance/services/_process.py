@@ -32,6 +32,18 @@ class ServiceError(LaminarError):
     """A test service could not be provisioned, started or stopped."""
 
 
+def require_success(result: subprocess.CompletedProcess[str], failed: str) -> None:
+    """Raise :class:`ServiceError` when the tool that gave ``result`` exited non-zero.
+
+    :param failed: what failed, as the error's first words (``"initdb failed"``); the exit
+        status and the end of the tool's output follow.
+    """
+    if result.returncode != 0:
+        raise ServiceError(
+            f"{failed} (exit {result.returncode}):\n{(result.stdout + result.stderr)[-2000:]}"
+        )
+
+
 def die_with_parent(signal_number: signal.Signals = signal.SIGKILL) -> None:
     """Ask the kernel to send ``signal_number`` to this process when its parent thread ends.
 

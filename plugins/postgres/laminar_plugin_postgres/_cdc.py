@@ -63,6 +63,7 @@ from laminar_plugin_postgres._client import Session, connect, failure
 from laminar_plugin_postgres._config import (
     CDC_KEYS,
     CDC_NAME,
+    CONNECTION_KEYS,
     ConnectionSettings,
     TableName,
     choice,
@@ -619,7 +620,11 @@ async def drop_slot(properties: dict[str, str]) -> bool:
 
 
 def _slot_settings(properties: dict[str, str]) -> tuple[ConnectionSettings, str]:
-    config = ConnectorConfig("postgres-cdc", properties)
+    """The connection and ``slot`` keys of ``properties``, validated as the source's are."""
+    wanted = {spec.name for spec in CONNECTION_KEYS} | {"slot"}
+    given = {key: value for key, value in properties.items() if key in wanted}
+    specs = [spec for spec in CDC_KEYS if spec.name in wanted]
+    config = ConnectorConfig(CDC_NAME, given).validate(specs)
     return (
         connection_settings(config, CDC_NAME),
         identifier(config.require("slot"), "slot", CDC_NAME),

@@ -33,7 +33,7 @@ _REFUSED_DSN = (
 )
 
 
-def dsn_problem(dsn: str) -> str | None:
+def _dsn_problem(dsn: str) -> str | None:
     """What is wrong with ``dsn`` as the ``dsn`` key's value, or ``None``.
 
     It must parse as libpq parses it, and hold no password in any form (a keyword, a URI's
@@ -49,13 +49,13 @@ def dsn_problem(dsn: str) -> str | None:
     return _REFUSED_DSN if "password" in parsed else None
 
 
-_CONNECTION_KEYS = (
+CONNECTION_KEYS = (
     ConfigKeySpec(
         "dsn",
         required=True,
         description="libpq connection string or URI, without a password "
         "('host=db port=5432 dbname=app user=loader')",
-        check=dsn_problem,
+        check=_dsn_problem,
     ),
     ConfigKeySpec(
         "password.env",
@@ -74,6 +74,7 @@ _CONNECTION_KEYS = (
         description="how long connecting may take, in seconds",
     ),
 )
+"""The keys every connector of the plugin connects with."""
 
 _TABLE = ConfigKeySpec(
     "table", required=True, description="the table: 'name' or 'schema.name' (default schema public)"
@@ -97,7 +98,7 @@ _CREATE = ConfigKeySpec(
 )
 
 TWO_PHASE_KEYS: tuple[ConfigKeySpec, ...] = (
-    *_CONNECTION_KEYS,
+    *CONNECTION_KEYS,
     _TABLE,
     _SCHEMA,
     _CREATE,
@@ -122,7 +123,7 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
 """The keys the ``postgres`` sink declares."""
 
 UPSERT_KEYS: tuple[ConfigKeySpec, ...] = (
-    *_CONNECTION_KEYS,
+    *CONNECTION_KEYS,
     _TABLE,
     ConfigKeySpec(
         "key",
@@ -135,7 +136,7 @@ UPSERT_KEYS: tuple[ConfigKeySpec, ...] = (
 """The keys the ``postgres-upsert`` sink declares."""
 
 SOURCE_KEYS: tuple[ConfigKeySpec, ...] = (
-    *_CONNECTION_KEYS,
+    *CONNECTION_KEYS,
     _TABLE,
     ConfigKeySpec(
         "key",
@@ -168,7 +169,7 @@ SOURCE_KEYS: tuple[ConfigKeySpec, ...] = (
 """The keys the ``postgres`` (keyset) source declares."""
 
 CDC_KEYS: tuple[ConfigKeySpec, ...] = (
-    *_CONNECTION_KEYS,
+    *CONNECTION_KEYS,
     _TABLE,
     ConfigKeySpec("slot", required=True, description="the logical replication slot (pgoutput)"),
     ConfigKeySpec(
@@ -367,14 +368,11 @@ def _parse_type(text: str) -> pa.DataType:
 
 
 def connection_settings(config: ConnectorConfig, connector: str) -> ConnectionSettings:
-    """The ``dsn`` and password keys, checked.
+    """The ``dsn`` and password keys of ``config``, which is validated (the dsn's check ran).
 
     :raises ConfigurationError: naming the key at fault.
     """
     dsn = config.require("dsn").strip()
-    problem = dsn_problem(dsn)
-    if problem:  # a configuration not validated against the keys (a slot's, dropped)
-        raise ConfigurationError(f"{connector}: dsn: {problem}", key="dsn")
     password_env = config.get("password.env") or None
     password_file = config.get("password.file") or None
     if password_env and password_file:
