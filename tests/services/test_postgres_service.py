@@ -101,10 +101,15 @@ def test_a_local_cluster_runs_logical_and_two_phase_and_never_shows_its_password
             running_as = connection.execute(
                 "SELECT usename FROM pg_stat_activity WHERE pid = pg_backend_pid()"
             ).fetchone()
+            (stored,) = connection.execute(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = current_user"
+            ).fetchone()
         assert settings["wal_level"] == "logical"
         assert int(settings["max_prepared_transactions"]) > 0
         assert settings["listen_addresses"] == "127.0.0.1"
         assert running_as == ("laminar",)
+        # hashed with the launcher's few rounds, and checked: a wrong password is refused
+        assert stored.startswith(f"SCRAM-SHA-256${postgres_module.SCRAM_ITERATIONS}:")
         with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
             psycopg.connect(service.dsn, password="wrong").close()
         shown = [service.dsn, repr(service), repr(service.local), str(service)]

@@ -18,12 +18,19 @@ dies with the ``runuser`` that dies with this process.
 
 The cluster's superuser password is random, kept in a file only this user can read
 (:attr:`PostgresService.password_file`), and never printed: connection strings carry no
-password, and a :class:`PostgresService` shows none.
+password, and a :class:`PostgresService` shows none. Clients authenticate with SCRAM-SHA-256, as
+against a production server, but the server keeps the password hashed with
+:data:`SCRAM_ITERATIONS` rounds instead of PostgreSQL's 4096: those cost client and server
+~7 ms of every connection (12 ms in all, measured with psycopg), which a conformance run that
+opens hundreds of connectors pays hundreds of times; the cluster lives on loopback for one run.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import hmac
 import os
 import pwd
 import re
@@ -223,6 +230,29 @@ def find_postgres_binaries() -> Path:
     )
 
 
+SCRAM_ITERATIONS = 16
+"""The PBKDF2 rounds of the local cluster's stored password (PostgreSQL's default: 4096)."""
+
+
+def scram_secret(password: str, *, iterations: int = SCRAM_ITERATIONS) -> str:
+    """``password`` as PostgreSQL stores a SCRAM-SHA-256 secret (RFC 5802, RFC 7677).
+
+    Given to ``initdb --pwfile`` (or ``ALTER ROLE ... PASSWORD``), a secret already in this form
+    is stored as it is, and clients log in with ``password``. ``password`` must be ASCII
+    without control characters, which SASLprep leaves unchanged.
+    """
+    salt = secrets.token_bytes(16)
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations)
+    client_key = hmac.digest(salted, b"Client Key", "sha256")
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+
+    def text(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    stored_key = hashlib.sha256(client_key).digest()
+    return f"SCRAM-SHA-256${iterations}:{text(salt)}${text(stored_key)}:{text(server_key)}"
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to a new file only its owner can read."""
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -293,7 +323,7 @@ class LocalPostgres:
         password = secrets.token_urlsafe(24)
         _write_private(self.password_file, password)
         given = self._workdir / "initdb-password"
-        _write_private(given, password)
+        _write_private(given, scram_secret(password))
         if self._as_root:
             try:
                 account = pwd.getpwnam(_SERVER_USER)
