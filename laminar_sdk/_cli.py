@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from laminar_sdk._cli_checkpoints import add_checkpoint_commands
-from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
+from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError, failure_line
 from laminar_sdk._pipeline_check import check_pipeline
 from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
 from laminar_sdk._plugins import load_connector_registry
@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except spark_run.PIPELINE_FAILED as error:
         text = spark_run.failure_text(error)
-        line = spark_run.failure_line(text)
+        line = failure_line(text)
         hint = spark_run.checkpoint_hint(line, pipeline) + spark_run.full_disk_hint(text, pipeline)
         print(f"laminar: error: the pipeline failed: {line}{hint}", file=sys.stderr)
         if args.verbose:

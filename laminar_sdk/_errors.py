@@ -7,6 +7,9 @@ to do next; none ever carries a secret value. Errors raised while handling anoth
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+
 
 class LaminarError(Exception):
     """Root of every error the Laminar SDK raises."""
@@ -120,3 +123,36 @@ class PluginError(LaminarError):
 
 class CheckpointError(LaminarError):
     """A checkpoint could not be encoded, decoded, stored or loaded."""
+
+
+_JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+(\w*(?:Exception|Error)): (.+)$", re.MULTILINE)
+
+
+def _laminar_error_names() -> Iterator[str]:
+    pending: list[type[BaseException]] = [LaminarError]
+    while pending:
+        error = pending.pop()
+        yield error.__name__
+        pending += error.__subclasses__()
+
+
+def failure_line(text: str) -> str:
+    """The one line of a failed pipeline's report that says what went wrong.
+
+    ``text`` is what Spark says of the failure (``laminar_sdk._spark.run.failure_text``), or a
+    driver's output. A connector's error reaches the driver inside a Python worker's
+    traceback, itself inside a Java stack trace: the last laminar error printed in it (a
+    plugin's own subclasses included) is what the user can act on, as ``SchemaMismatch: sink
+    'postgres' ...``.
+    Without one, the first Java exception (``IOException: mkdir of file:/... failed``), else
+    the first line.
+    """
+    names = "|".join(sorted(set(_laminar_error_names()), key=len, reverse=True))
+    laminar = re.findall(rf"^(?:[\w.]+\.)?({names}): (.+)$", text, re.MULTILINE)
+    if laminar:
+        name, message = laminar[-1]
+        return f"{name}: {message.strip()}"
+    java = _JAVA_EXCEPTION.search(text)
+    if java is not None:
+        return f"{java[1]}: {java[2].strip()}"
+    return next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")

@@ -42,10 +42,10 @@ from pyarrow import parquet
 from laminar_conformance._delivery import read_enough
 from laminar_conformance._faults import TraceEvent
 from laminar_conformance._figures import Figures
-from laminar_conformance._probe import source_traits
+from laminar_conformance._probe import SourceTraits, source_traits
 from laminar_conformance._profiles import NO_SPARK_OPTION, SPARK_CRASHES_FLAG, SPARK_CRASHES_OPTION
 from laminar_conformance._report import SPARK_SCHEDULES_PROPERTY
-from laminar_conformance._skips import skip
+from laminar_conformance._skips import skip, stated_reasons
 from laminar_conformance._spark_pipeline import (
     CONTEXT_IDS,
     RECORD_KEY,
@@ -62,6 +62,7 @@ from laminar_conformance._suite import Target
 from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext, SourceTestContext
 from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP, ConnectorRole
+from laminar_sdk._errors import failure_line
 from laminar_sdk.reference import MemorySink
 
 if TYPE_CHECKING:
@@ -189,6 +190,8 @@ class SparkLayer:
             result = self._run(case, schedule, early.children if early else {})
         finally:
             case.close()
+        changed = f" ({case.removal.outcome()})" if case.removal else ""
+        self.schedules_run[-1] += changed
         self.figures.cases += 1
         self.figures.faults += len(result.fired)
         self.figures.epochs += result.epochs
@@ -205,7 +208,7 @@ class SparkLayer:
             f"on Spark, {self.target.role} {self.target.connector!r} in the pipeline "
             f"{case.pipeline.source} -> {case.pipeline.sink} ({case.pipeline.delivery}, "
             f"{len(case.ids)} ids in micro-batches of {IDS_PER_EPOCH}), crash schedule "
-            f"[{crashes}] (fired: {fired}), seed {seed}: "
+            f"[{crashes}] (fired: {fired}){changed}, seed {seed}: "
             + "; ".join(result.problems)
             + "\n"
             + timeline.text()
@@ -239,22 +242,25 @@ class SparkLayer:
                     else f"Spark run {number}, to be killed at {describe_crash(point)}"
                 )
                 committed = case.pipeline.spark_batches("commits")
-                # The last run must find everything there when it starts (availableNow).
-                arrive = case.arrive if point is not None else None
+                arrive = case.arriving(f"while run {number} ran", last=point is None)
                 planned = functools.partial(case.pipeline.spark_batches, "offsets")
                 with _arriving(arrive, planned) as arrived:
                     run = next(children).wait(case.read_again if case.source_under_test else None)
-                if arrived:
+                if sum(arrived):
                     self._progress(f"{sum(arrived)} new ids appended while run {number} ran")
+                self._report_removal(case, f"while run {number} ran")
                 newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
                 result.ran(index, newly, point if run.crashed else None)
                 if run.crashed:
                     result.fired.append(str(point))
-                    if case.arrive is not None:
+                    down = f"while the driver was down after run {number}"
+                    if (arrive_while_down := case.arriving(down)) is not None:
                         # Data keeps arriving while the driver is down, in every partition: the
                         # restart must replay the micro-batch it had planned exactly, not what
                         # the source holds now.
-                        self._progress(f"{case.arrive()} new ids appended while the driver is down")
+                        appended = arrive_while_down()
+                        self._progress(f"{appended} new ids appended while the driver is down")
+                        self._report_removal(case, down)
                     continue
                 if run.stopped:
                     result.problems.append(f"run {number} was stopped: {run.stopped}")
@@ -269,6 +275,8 @@ class SparkLayer:
                     return result
                 break
         result.epochs = len(case.pipeline.spark_batches("commits"))
+        if case.removal is not None and case.removal.error:
+            result.problems.append(case.removal.error)
         if not result.fired:
             result.problems.append(
                 "no crash point of the schedule fired: the pipeline ran to its end without "
@@ -276,6 +284,11 @@ class SparkLayer:
             )
         result.problems += case.delivery_problems()
         return result
+
+    def _report_removal(self, case: _Case, when: str) -> None:
+        """Say on the terminal that partition 0 went ``when``, if it just did."""
+        if case.removal is not None and case.removal.removed == when:
+            self._progress(f"partition 0 removed {when}: the reader had all its records")
 
     def _crash(self, case: _Case, point: CrashPoint) -> Crash:
         """``point`` as the hook reads it in its run.
@@ -478,7 +491,8 @@ def _failed(run: ChildRun, what: str) -> str:
         )
     else:
         how = f"failed with exit status {run.returncode} without a crash"
-    return f"{what} {how}; the end of its output:\n{run.tail()}"
+    said = f": {failure_line(run.output())}" if run.output() else ""
+    return f"{what} {how}{said}; the end of its output:\n{run.tail()}"
 
 
 def _signal_name(number: int) -> str:
@@ -486,6 +500,70 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "an unknown signal"
+
+
+REMOVED_RECORDS = 3
+"""Records of the partition the Spark layer removes: few, so that it is read early."""
+
+
+@dataclass(slots=True)
+class _PartitionRemoval:
+    """Partition 0 of a source under test, taken away once a reader has all its records.
+
+    Where the test context can remove a partition (``remove_partition``), partition 0 gets
+    :data:`REMOVED_RECORDS` records at the start and no more; each time new records arrive
+    (while a run to be killed goes on, and while its driver is down), the layer looks whether
+    the reader has them all, and if so removes the partition, as its system would (a directory
+    deleted, a shard closed): Spark's offset log and the source's checkpoints still name it,
+    and the restarted driver restores them.
+    """
+
+    remove: Callable[[int], None]
+    records: frozenset[int]
+    read_back: Callable[[], list[int]]
+    removed: str = ""
+    """When partition 0 was removed (``""``: not yet)."""
+    error: str = ""
+    """What the context's ``remove_partition`` raised, if it did."""
+
+    @classmethod
+    def of(
+        cls,
+        context: SourceTestContext,
+        traits: SourceTraits,
+        filled: int,
+        ids: list[int],
+        read_back: Callable[[], list[int]],
+    ) -> _PartitionRemoval | None:
+        """The removal of ``context``'s partition 0, when it can be done.
+
+        :param filled: the partitions that get records at the start (partition 0 and one
+            more at least: the others keep the pipeline going once it is gone).
+        """
+        remove = getattr(context, "remove_partition", None)
+        turned_off = "partition-removal" in stated_reasons(context)
+        if not callable(remove) or turned_off or traits.equal_partitions or filled < 2:
+            return None
+        return cls(remove, frozenset(ids[:REMOVED_RECORDS]), read_back)
+
+    def attempt(self, when: str) -> None:
+        """Remove partition 0 now if it is still there and the reader has all its records."""
+        if self.removed or self.error or not self.records <= set(self.read_back()):
+            return
+        try:
+            self.remove(0)
+        except Exception as raised:  # noqa: BLE001 - the context's own code: reported
+            self.error = (
+                f"the test context's remove_partition(0) raised {type(raised).__name__}: {raised}"
+            )
+        else:
+            self.removed = when
+
+    def outcome(self) -> str:
+        """What happened to partition 0 in the case, for its schedule in the report."""
+        if self.removed:
+            return f"partition 0 removed {self.removed}"
+        return "partition 0 not removed: the reader did not have all its records in time"
 
 
 @dataclass(slots=True)
@@ -504,6 +582,8 @@ class _Case:
     run goes on or its driver is down; returns how many (``None``: the source is not live)."""
     source_under_test: bool = False
     """Whether the connector under test is the pipeline's source (its sink is ``memory``)."""
+    removal: _PartitionRemoval | None = None
+    """A source under test's partition 0, removed while the pipeline goes on."""
 
     @classmethod
     def build(cls, target: Target, directory: Path, ids: list[int]) -> _Case:
@@ -554,21 +634,32 @@ class _Case:
         context: SourceTestContext = target.source_context()
         partitions = traits.partitions
         ids = ids[: len(ids) - len(ids) % partitions] if traits.equal_partitions else list(ids)
+        sink = directory / "sink"
 
-        def append(fresh: list[int], into: int = partitions) -> None:
-            for partition in range(into):
-                context.append(fresh[partition::into], partition if partitions > 1 else None)
+        def read_back() -> list[int]:
+            return MemorySink.committed_ids(sink) if sink.exists() else []
+
+        def append(fresh: list[int], into: Sequence[int]) -> None:
+            for share, partition in enumerate(into):
+                context.append(fresh[share :: len(into)], partition if partitions > 1 else None)
 
         # A live source's last partition is first written while the first run to be killed
         # goes on (a topic's partitions increased, a new file under a directory): the pipeline
         # must read it from its beginning, once.
         appears = partitions > 1 and traits.live_appends and not traits.equal_partitions
-        append(ids, partitions - 1 if appears else partitions)
+        filled = range(partitions - 1 if appears else partitions)
+        removal = _PartitionRemoval.of(context, traits, len(filled), ids, read_back)
+        if removal is None:
+            append(ids, filled)
+        else:
+            append(sorted(removal.records), [0])
+            append(ids[len(removal.records) :], filled[1:])
+        arriving = range(1 if removal else 0, partitions)
         fresh_ids = itertools.count(max(ids, default=-1) + 1)
 
         def arrive() -> int:
             fresh = [next(fresh_ids) for _ in range(IDS_PER_EPOCH - IDS_PER_EPOCH % partitions)]
-            append(fresh)
+            append(fresh, arriving)
             ids.extend(fresh)
             return len(fresh)
 
@@ -586,7 +677,6 @@ class _Case:
         (directory / "ids.pickle").write_bytes(pickled)
         source = target.plugins.registry.create_source(target.connector)
         replays = source.supports_replay()
-        sink = directory / "sink"
         pipeline = SparkPipeline(
             source=target.connector,
             source_options=dict(context.config().properties),
@@ -604,11 +694,29 @@ class _Case:
             ids,
             replays,
             range_readable,
-            lambda: MemorySink.committed_ids(sink) if sink.exists() else [],
+            read_back,
             context.close,
             arrive if traits.live_appends else None,
             source_under_test=True,
+            removal=removal,
         )
+
+    def arriving(self, when: str, *, last: bool = False) -> Callable[[], int] | None:
+        """What to do each time the pipeline goes on, returning how many ids it appended.
+
+        Remove partition 0 if a reader has all its records by then (said to happen ``when``),
+        then append new records (:attr:`arrive`) — but not in the ``last`` run, which must
+        find everything there when it starts (``availableNow``). ``None``: nothing to do.
+        """
+        arrive, removal = None if last else self.arrive, self.removal
+        if removal is None:
+            return arrive
+
+        def go_on() -> int:
+            removal.attempt(when)
+            return arrive() if arrive is not None else 0
+
+        return go_on
 
     def read_again(self) -> str:
         """Why the run has failed already, for a source under test that reads records again.

@@ -176,6 +176,13 @@ class ChildRun:
         """Whether the crash hook killed the pipeline."""
         return bool(self.crashes)
 
+    def output(self) -> str:
+        """The child's output (``""`` when there is none, or it cannot be read)."""
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
     def tail(self, characters: int = 3000) -> str:
         """The end of the child's output, for a failure message."""
         try:

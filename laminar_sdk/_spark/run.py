@@ -9,7 +9,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._errors import ConfigurationError, LaminarError
+from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._pipeline_file import PipelineFile
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
 from laminar_sdk._spark.faults import (
@@ -44,16 +44,6 @@ PIPELINE_FAILED = (PySparkException, Py4JJavaError)
 refused to start it (a checkpoint location it cannot write, a SQL transform that does not
 analyse)."""
 
-_JAVA_EXCEPTION = re.compile(r"^(?:[a-z]\w*\.)+(\w*(?:Exception|Error)): (.+)$", re.MULTILINE)
-
-
-def _laminar_error_names() -> Iterator[str]:
-    pending: list[type[BaseException]] = [LaminarError]
-    while pending:
-        error = pending.pop()
-        yield error.__name__
-        pending += error.__subclasses__()
-
 
 def failure_text(error: BaseException) -> str:
     """All Spark says of a failed pipeline: the Python and Java tracebacks, as Spark joined them.
@@ -64,26 +54,6 @@ def failure_text(error: BaseException) -> str:
     if isinstance(error, Py4JJavaError):
         return f"{error.errmsg}\n{error.java_exception}"
     return str(error)
-
-
-def failure_line(text: str) -> str:
-    """The one line of a failed pipeline's :func:`failure_text` that says what went wrong.
-
-    A connector's error reaches the driver inside a Python worker's traceback, itself inside
-    a Java stack trace: the last laminar error printed in it (a plugin's own subclasses
-    included) is what the user can act on, as ``SchemaMismatch: sink 'postgres' ...``.
-    Without one, the first Java exception (``IOException: mkdir of file:/... failed``), else
-    the first line.
-    """
-    names = "|".join(sorted(set(_laminar_error_names()), key=len, reverse=True))
-    laminar = re.findall(rf"^(?:[\w.]+\.)?({names}): (.+)$", text, re.MULTILINE)
-    if laminar:
-        name, message = laminar[-1]
-        return f"{name}: {message.strip()}"
-    java = _JAVA_EXCEPTION.search(text)
-    if java is not None:
-        return f"{java[1]}: {java[2].strip()}"
-    return next((line.strip() for line in text.splitlines() if line.strip()), "(no message)")
 
 
 _PATH_IN_MESSAGE = re.compile(r"(?:file:)?(/[^\s,;:'\"]+)")

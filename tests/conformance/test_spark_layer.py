@@ -9,6 +9,7 @@ command ``laminar conformance run`` reports the layer's figures.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import io
 import os
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from laminar_conformance import _spark_layer, _spark_pipeline
 from laminar_conformance._figures import Figures
+from laminar_conformance._probe import SourceTraits
 from laminar_conformance._profiles import PROFILES
 from laminar_conformance._report import CheckResult, ReportCollector
 from laminar_conformance._spark_layer import SparkLayer
@@ -28,7 +30,8 @@ from laminar_conformance._suite import Target
 from laminar_conformance.contexts import ConformancePlugins
 from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 
-from laminar_sdk import ConnectorRole
+from laminar_sdk import ConnectorConfig, ConnectorRole
+from laminar_sdk.reference import MemorySource
 
 HERE = Path(__file__).parent
 
@@ -192,12 +195,29 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     spark = next(line for line in text.splitlines() if line.startswith("- Spark layer:"))
     assert spark.startswith("- Spark layer: passed — 1 pipeline(s), 1 crash(es) injected"), spark
     assert "; crash schedule(s): " in spark
+    # Its context can remove a partition: partition 0 goes once its records were read.
+    assert " (partition 0 removed while " in spark, spark
+    assert "outsider-queue: partition 0 removed while " in result.stdout
     assert "laminar conformance: outsider-queue: Spark run 1, to be killed at " in result.stdout
     assert "outsider-queue: 12 new ids appended while the driver is down" in result.stdout
     assert " new ids appended while run 1 ran" in result.stdout
     epochs = int(spark.split(" epochs committed")[0].rsplit(" ", 1)[1])
     assert epochs >= 5, spark
     assert "| test_spark_pipeline_killed_at_crash_points_restarts_without_loss | passed |" in text
+
+
+@pytest.mark.spark
+@pytest.mark.full
+def test_a_source_that_cannot_restore_once_a_partition_is_removed_is_caught_on_spark(tmp_path):
+    """The restarted driver restores offsets naming partition 0, which the layer removed once
+    a reader had its records: a source that refuses them fails the case, saying so."""
+    result, report = outsider_spark_layer(
+        tmp_path, "outsider-refuses-a-checkpoint-past-the-files", seed="3"
+    )
+    assert result.returncode == 1, result.stdout[-5000:] + result.stderr[-3000:]
+    text = report.read_text()
+    assert "(partition 0 removed while " in text, text
+    assert "CheckpointError: queue source: p0 has 0 lines, the checkpoint says 3" in text, text
 
 
 @pytest.mark.spark
@@ -415,6 +435,21 @@ def test_a_child_that_printed_nothing_says_its_log_is_empty(tmp_path):
     assert f"(nothing: its log {log} is empty)" in message
 
 
+def test_a_failed_run_says_the_error_of_its_output_on_the_first_line(tmp_path):
+    # A report shows a failure's first line: the error must be on it, not only in the tail.
+    log = tmp_path / "driver.log"
+    log.write_text(
+        '  File "outsider.py", line 160, in restore\n'
+        "laminar_sdk._errors.CheckpointError: queue source: p0 has 0 lines\n"
+        "=== Streaming Query ===\n"
+    )
+    message = _spark_layer._failed(_spark_pipeline.ChildRun(1, (), log, 1.0), "the last run")
+    assert message.splitlines()[0] == (
+        "the last run failed with exit status 1 without a crash: CheckpointError: queue "
+        "source: p0 has 0 lines; the end of its output:"
+    )
+
+
 def test_a_run_certain_to_have_failed_is_killed_saying_why(tmp_path):
     """A child asked whether it failed already is killed as soon as it says why (no Spark needed:
     the child is killed while its driver may still be starting)."""
@@ -451,3 +486,91 @@ def test_a_source_reading_records_again_is_certain_once_a_reader_sees_too_many()
     endless = _source_case(lambda: [1, 2, 3] * 40, exactly_once=False).read_again()
     assert "keeps returning records it returned before" in endless
     assert _source_case(lambda: [1, 2, 3], exactly_once=True).read_again() == ""
+
+
+def _partitions(path: str) -> dict[int, list[int]]:
+    """The ids a memory source at ``path`` holds now, by partition."""
+
+    async def read() -> dict[int, list[int]]:
+        source = MemorySource()
+        await source.open(ConnectorConfig("memory", {"path": path}))
+        held: dict[int, list[int]] = {}
+        while (batch := await source.poll_batch(1000)) is not None:
+            held.setdefault(int(batch.partition.id), []).extend(
+                batch.records.column("id").to_pylist()
+            )
+        await source.close()
+        return held
+
+    return asyncio.run(read())
+
+
+def test_a_source_case_removes_partition_0_once_a_reader_has_all_its_records(target, tmp_path):
+    pytest.importorskip("pyspark", reason="the case pickles the context's ids() for Spark")
+    case = _spark_layer._Case.build(
+        target("quick", "memory", ConnectorRole.SOURCE), tmp_path, list(range(60))
+    )
+    path = case.pipeline.source_options["path"]
+    try:
+        removal = case.removal
+        assert removal is not None
+        assert removal.records == {0, 1, 2}, "a few records, read early"
+        started = _partitions(path)
+        assert started[0] == [0, 1, 2]
+        assert sorted(started) == [0, 1], "the last partition appears while a run goes on"
+        read: list[int] = [0, 1]
+        removal.read_back = lambda: read
+        assert case.arriving("while run 1 ran")() == 12
+        assert not removal.removed, "a reader lacks record 2"
+        held = _partitions(path)
+        assert held[0] == [0, 1, 2], "nothing more is appended to the partition to be removed"
+        assert set(held) == {0, 1, 2}
+        read.append(2)
+        assert case.arriving("while the driver was down after run 1")() == 12
+        assert removal.removed == "while the driver was down after run 1"
+        assert sorted(_partitions(path)) == [1, 2]
+        assert case.arriving("while run 2 ran", last=True)() == 0, "the last run gets no records"
+        assert removal.outcome() == "partition 0 removed while the driver was down after run 1"
+    finally:
+        case.close()
+
+
+class _RemovableContext:
+    def __init__(self, skip_checks: dict[str, str] | None = None, fails: bool = False) -> None:
+        self.skip_checks = skip_checks or {}
+        self.fails = fails
+
+    def remove_partition(self, partition: int) -> None:
+        if self.fails:
+            raise OSError(f"partition {partition} is busy")
+
+
+def _traits(*, equal_partitions: bool = False) -> SourceTraits:
+    return SourceTraits(3, equal_partitions, True, (), None, None)
+
+
+@pytest.mark.parametrize(
+    ("context", "traits", "filled"),
+    [
+        (object(), _traits(), 2),
+        (_RemovableContext({"partition-removal": "shards are never closed"}), _traits(), 2),
+        (_RemovableContext(), _traits(equal_partitions=True), 2),
+        (_RemovableContext(), _traits(), 1),
+    ],
+    ids=["no-remove_partition", "turned-off", "equal-partitions", "one-partition-filled"],
+)
+def test_no_partition_is_removed_where_the_context_cannot_or_should_not(context, traits, filled):
+    assert _spark_layer._PartitionRemoval.of(context, traits, filled, [1, 2, 3], list) is None
+
+
+def test_a_context_whose_removal_raises_fails_the_case_naming_it():
+    removal = _spark_layer._PartitionRemoval.of(
+        _RemovableContext(fails=True), _traits(), 2, [1, 2, 3, 4], lambda: [1, 2, 3]
+    )
+    assert removal is not None
+    removal.attempt("while run 1 ran")
+    assert not removal.removed
+    assert removal.error == (
+        "the test context's remove_partition(0) raised OSError: partition 0 is busy"
+    )
+    assert removal.outcome().startswith("partition 0 not removed")

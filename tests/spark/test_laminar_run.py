@@ -17,13 +17,13 @@ from laminar_conformance.spark import run_pipeline_file
 from py4j.java_gateway import GatewayClient
 
 from laminar_sdk import ConnectorError, load_connector_registry
+from laminar_sdk._errors import failure_line
 from laminar_sdk._pipeline_file import load_pipeline_file
 from laminar_sdk._spark.run import (
     _LOST_DRIVER_TRACEBACK,
     checkpoint_hint,
     decided_epochs,
     driver_lost,
-    failure_line,
     full_disk_hint,
     quiet_lost_driver_tracebacks,
 )
