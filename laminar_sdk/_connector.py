@@ -263,6 +263,21 @@ class SinkConnector(ABC):
     async def flush(self) -> None:
         """Push buffered records to the external system. Default: nothing."""
 
+    async def last_committed_epoch(self) -> int | None:
+        """The newest epoch the destination records as committed by this sink; ``None``: no record.
+
+        A sink that recognises a committed epoch by a record in the destination (an epoch
+        marker beside the rows, a transaction marker in a topic, a file named by the epoch)
+        must return the newest one kept for the identity its configuration gives it (a sink
+        id), or ``-1`` when there is none. Epochs are numbered per query from 0: the runtime
+        asks when a query starts on a checkpoint location that holds no checkpoint (a new
+        query, or one started over after its checkpoint locations were deleted) and refuses
+        to run it when the destination is ahead — the sink would skip the new query's epochs
+        as committed, and their records would be lost without a word. Called on an open
+        instance, before any epoch. Default: ``None``, for a sink that keeps no such record.
+        """
+        return None
+
     async def health_check(self) -> HealthStatus:
         """How the sink is doing. Default: unknown."""
         return HealthStatus.unknown()

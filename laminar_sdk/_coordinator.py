@@ -201,14 +201,18 @@ class EpochCoordinator:
             manifests and the engine disagree otherwise — one of the two locations deleted,
             or restored from an older backup — recovery stops before touching anything.
         :raises CheckpointError: when checkpoints exist but none is valid and nothing proves
-            what was committed, when they belong to another query than ``query_id``, or when
-            they disagree with ``engine_epoch`` (nothing is touched then); each names the
-            files and the ``laminar checkpoints`` command that repairs the location.
+            what was committed, when they belong to another query than ``query_id``, when
+            they disagree with ``engine_epoch``, or when there are none but a sink's
+            destination records committed epochs (:meth:`SinkConnector.last_committed_epoch`:
+            the sink would skip this query's epochs); nothing is touched then but the rollback
+            of the next epoch's staging. Each names the files and what repairs the location.
         """
         search = await search_latest_valid(self._checkpointer)
         manifest = None if search.recovered is None else search.recovered.manifest
         if manifest is not None:
             self._check_query(manifest)
+        elif not search.skipped and not engine_epoch:
+            await self._refuse_a_destination_ahead()
         if engine_epoch is not None:
             self._engine_committed = self._reconcile(manifest, search.skipped, engine_epoch)
         elif manifest is None and search.skipped:
@@ -224,6 +228,34 @@ class EpochCoordinator:
                 "recovered at epoch %d (checkpoint %s)", manifest.epoch, manifest.checkpoint_id
             )
         return manifest
+
+    async def _refuse_a_destination_ahead(self) -> None:
+        """Raise when a sink records committed epochs but the checkpoints hold none.
+
+        The query numbers its epochs from 0, and the sink would skip those it finds committed:
+        an earlier query's, with the same sink identity. The next epoch's staging (write
+        tasks of a distributed commit) is rolled back first, so that nothing is left behind.
+        """
+        for name, sink in self._sinks.items():
+            committed = await sink.last_committed_epoch()
+            if committed is None or committed < 0:
+                continue
+            await self._rollback_all(0)
+            location = self._checkpointer.location
+            query = f" --query-id {self._query_id}" if self._query_id else ""
+            raise CheckpointError(
+                f"the checkpoint location {location} holds no checkpoint, so this query numbers "
+                f"its epochs from 0, but sink {name!r} records epochs up to {committed} as "
+                "committed in its destination (an earlier query's, written with the same sink "
+                f"identity): it would skip epochs 0 to {committed} as committed, and their "
+                "records would be lost. To write everything again, give the sink an identity "
+                "of its own for this query (for example a new sink.id, or a new path for a "
+                "files sink) and restart; "
+                "to go on with the earlier query, point the checkpoint locations back at its "
+                "own. If those epochs are this query's own (its checkpoints were lost), record "
+                f"it with `laminar checkpoints mark-committed {location} --epoch {committed}"
+                f"{query}` and restart"
+            )
 
     def _reconcile(
         self,
@@ -265,9 +297,9 @@ class EpochCoordinator:
                 "micro-batch 0, so its commit log proves nothing yet, and they may belong to "
                 "an earlier query whose Spark checkpointLocation was deleted. If they belong to "
                 f"this query, set them aside with `laminar checkpoints quarantine {location} "
-                f"{ids}` and restart (epoch 0 is written again; an exactly-once sink skips it "
-                "if it was committed); for a new query, point laminar.checkpoint.location "
-                "at a new location"
+                f"{ids}` and restart (epoch 0 is written again, or, when the sink records it as "
+                "committed, the restart says how to record that); for a new query, point "
+                "laminar.checkpoint.location at a new location"
             )
         if lost:
             logger.warning(

@@ -139,8 +139,8 @@ def _laminar_error_names() -> Iterator[str]:
 def failure_line(text: str) -> str:
     """The one line of a failed pipeline's report that says what went wrong.
 
-    ``text`` is what Spark says of the failure (``laminar_sdk._spark.run.failure_text``), or a
-    driver's output. A connector's error reaches the driver inside a Python worker's
+    ``text`` is what Spark says of the failure (the Python and Java tracebacks it joins), or
+    a driver's output. A connector's error reaches the driver inside a Python worker's
     traceback, itself inside a Java stack trace: the last laminar error printed in it (a
     plugin's own subclasses included) is what the user can act on, as ``SchemaMismatch: sink
     'postgres' ...``.

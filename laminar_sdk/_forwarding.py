@@ -72,6 +72,10 @@ class ForwardingSink(SinkConnector):
         """The wrapped sink's ``flush``."""
         await self._wrapped.flush()
 
+    async def last_committed_epoch(self) -> int | None:
+        """The wrapped sink's ``last_committed_epoch``."""
+        return await self._wrapped.last_committed_epoch()
+
     async def health_check(self) -> HealthStatus:
         """The wrapped sink's health."""
         return await self._wrapped.health_check()

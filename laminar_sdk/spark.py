@@ -14,11 +14,13 @@ session whose Python workers run the current interpreter.
 
 What the bridge demands of a connector's batches is public too, for test kits to check before
 anything runs on Spark: :func:`spark_round_trip_schema` (the types a schema has after crossing
-Spark), :func:`schema_differences` and :func:`conform_source_batch`.
+Spark), :func:`schema_differences` and :func:`conform_source_batch`; and what a failed
+pipeline's report says in one line, :func:`failure_line`.
 """
 
 from __future__ import annotations
 
+from laminar_sdk._errors import failure_line
 from laminar_sdk._spark.arrow import (
     conform_source_batch,
     schema_differences,
@@ -50,6 +52,7 @@ __all__ = [
     "SdkOption",
     "build_session",
     "conform_source_batch",
+    "failure_line",
     "parse_options",
     "schema_differences",
     "spark_round_trip_schema",

@@ -259,6 +259,7 @@ class EveryCallSink(SinkConnector):
             "as_distributed_commit": object(),
             "as_schema_registry_aware": object(),
             "as_schema_evolvable": object(),
+            "last_committed_epoch": 7,
         }
 
     def _answer(self, name: str, *arguments: object):
@@ -292,6 +293,9 @@ class EveryCallSink(SinkConnector):
     async def flush(self):
         return self._answer("flush")
 
+    async def last_committed_epoch(self):
+        return self._answer("last_committed_epoch")
+
     async def health_check(self):
         return self._answer("health_check")
 
@@ -323,7 +327,7 @@ def test_a_forwarding_sink_forwards_every_method_of_the_contract(run):
         for name, member in vars(SinkConnector).items()
         if callable(member) and not name.startswith("_")
     ]
-    assert len(methods) == 15, "the sink contract changed: extend EveryCallSink"
+    assert len(methods) == 16, "the sink contract changed: extend EveryCallSink"
     methods.append(methods.pop(methods.index("close")))  # every call after close() is refused
     for name in methods:
         takes_epoch = "epoch" in inspect.signature(getattr(SinkConnector, name)).parameters

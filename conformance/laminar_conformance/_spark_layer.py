@@ -62,7 +62,6 @@ from laminar_conformance._suite import Target
 from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext, SourceTestContext
 from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP, ConnectorRole
-from laminar_sdk._errors import failure_line
 from laminar_sdk.reference import MemorySink
 
 if TYPE_CHECKING:
@@ -491,6 +490,8 @@ def _failed(run: ChildRun, what: str) -> str:
         )
     else:
         how = f"failed with exit status {run.returncode} without a crash"
+    from laminar_sdk.spark import failure_line  # noqa: PLC0415 - imports pyspark, which ran
+
     said = f": {failure_line(run.output())}" if run.output() else ""
     return f"{what} {how}{said}; the end of its output:\n{run.tail()}"
 

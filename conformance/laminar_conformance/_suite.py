@@ -97,6 +97,10 @@ class Target:
         """A new directory for a state store (one a child process the kit kills opens too)."""
         return Path(tempfile.mkdtemp(prefix="state-", dir=self.directory))
 
+    def new_checkpoint_directory(self) -> Path:
+        """A new directory for a checkpoint store: a new query's checkpoint location."""
+        return Path(tempfile.mkdtemp(prefix="checkpoints-", dir=self.directory))
+
     def _workdir(self) -> Path:
         # mkdtemp, not TempPathFactory.mktemp: that lists every sibling to number the new
         # directory, which makes thousands of Hypothesis cases quadratic.

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
@@ -77,6 +76,7 @@ from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext
 from laminar_sdk import (
     Checkpointer,
+    CheckpointError,
     Closed,
     ConnectorRole,
     EpochCoordinator,
@@ -760,7 +760,7 @@ def _check_run(
     exactly_once = staged or _capabilities(target).exactly_once
     epochs = _epochs_of(sizes)
     plan = FaultPlan(points)
-    store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
+    store = target.new_checkpoint_directory()
     run = _run_staged_through_faults if staged else _run_through_faults
     if killed_at is not None:
         try:
@@ -813,7 +813,7 @@ def _points_inside(target: Target, sizes: list[list[int]]) -> FaultPlan:
         session.context.close()
         skip("read-back", _UNREADABLE)
     plan = FaultPlan([], discovering=True)
-    store = Path(tempfile.mkdtemp(prefix="checkpoints-", dir=target.directory))
+    store = target.new_checkpoint_directory()
     session.run(_run_through_faults(session, store, _epochs_of(sizes), plan), own_threads=True)
     return plan
 
@@ -905,6 +905,55 @@ class SinkRecoverySuite(ConnectorSuite):
         )
 
     @check
+    def test_a_query_started_over_on_the_same_destination_loses_nothing(
+        self, conformance: Target, figures: Figures
+    ) -> None:
+        """A new query, with the sink configured as before, is written or refused, never skipped.
+
+        A user who deletes a pipeline's checkpoint locations to start over keeps the sink's
+        configuration, and the new query numbers its epochs from 0 again. The kit commits two
+        epochs through the coordinator on one checkpoint location, then runs two epochs of
+        new records on a new location (and state store) with the same configuration. The
+        runtime refuses the new query when the sink reports the epochs its destination holds
+        (``last_committed_epoch()``); otherwise the new records must be there. A sink that
+        skips them as committed loses them without a word.
+        """
+        session = _Session(conformance)
+        if session.context.committed_ids() is None:
+            session.context.close()
+            skip("read-back", _UNREADABLE)
+        first, again = [[0, 1], [2]], [[3, 4], [5]]
+
+        async def scenario() -> tuple[Counter[int], CheckpointError | None]:
+            await _run_query(session, first)
+            try:
+                await _run_query(session, again)
+            except CheckpointError as refused:
+                return session.visible(), refused
+            return session.visible(), None
+
+        visible, refused = session.run(scenario())
+        figures.cases += 1
+        figures.epochs += len(first) + len(again)
+        written = [record for ids in first for record in ids]
+        if refused is not None:
+            assert sorted(visible.elements()) == written, (
+                f"the new query was refused ({refused}), but a reader sees ids "
+                f"{sorted(visible.elements())}, not the first query's {written}: the refusal "
+                "came after something of the new query was written"
+            )
+            return
+        new = [record for ids in again for record in ids]
+        skipped = [record for record in new if not visible[record]]
+        assert not skipped, (
+            f"a new query (a new checkpoint location, the sink configured as before) delivered "
+            f"epochs 0 and 1 again with new records, and a reader does not see ids {skipped}: "
+            "the sink skipped them as committed, by the records of an earlier query in its "
+            "destination. Return the newest epoch those records hold from "
+            "last_committed_epoch(), so that the runtime refuses a new query it would skip"
+        )
+
+    @check
     def test_delivery_survives_any_faults(self, conformance: Target, figures: Figures) -> None:
         """Random epochs and several faults at random points, through the coordinator."""
 
@@ -916,6 +965,20 @@ class SinkRecoverySuite(ConnectorSuite):
             self._check_run(conformance, figures, sizes, points)
 
         conformance.explore(run, conformance.profile.recovery_examples, figures)
+
+
+async def _run_query(session: _Session, epochs: list[list[int]]) -> None:
+    """Run ``epochs`` (ids each) as a new query: a new checkpoint location and state store."""
+    target = session.target
+    sink = await open_sink(target, session.properties, target.new_state_store())
+    try:
+        store = checkpoint_store(target.new_checkpoint_directory())
+        coordinator = EpochCoordinator(store, {"sink": sink})
+        await coordinator.recover()
+        for epoch, ids in enumerate(epochs):
+            await coordinator.run_epoch(epoch, [session.context.batch(ids)], {})
+    finally:
+        await sink.close()
 
 
 def _require_distributed(target: Target, *, parallel: bool = False) -> None:

@@ -584,6 +584,12 @@ class MemorySink(SinkConnector, DistributedCommitSink):
             raise InvalidState(f"begin_epoch{wanted} before {operation}{wanted}", actual)
         return current
 
+    async def last_committed_epoch(self) -> int:
+        """The newest epoch under ``path/committed`` (``-1``: none)."""
+        settings = self._lifecycle.require("last_committed_epoch")
+        committed = _numbered(settings.directory / _COMMITTED, _EPOCH)
+        return committed[-1][0] if committed else -1
+
     async def begin_epoch(self, epoch: int) -> None:
         """Start ``epoch`` afresh, or recognise it as committed already and skip it.
 

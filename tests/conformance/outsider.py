@@ -538,6 +538,10 @@ class SqliteSink(SinkConnector):
         found = self.connection().execute("SELECT 1 FROM epochs WHERE epoch = ?", (epoch,))
         return found.fetchone() is not None
 
+    async def last_committed_epoch(self) -> int:
+        newest = self.connection().execute("SELECT coalesce(max(epoch), -1) FROM epochs")
+        return int(newest.fetchone()[0])
+
     async def commit_epoch(self, epoch: int) -> None:
         if self.committed(epoch):
             return
@@ -608,6 +612,10 @@ class JsonLinesSink(SinkConnector):
 
     def published(self, epoch: int) -> Path:
         return self.directory / "out" / f"{epoch}.jsonl"
+
+    async def last_committed_epoch(self) -> int:
+        published = (self.directory / "out").glob("*.jsonl")
+        return max((int(path.stem) for path in published), default=-1)
 
     async def begin_epoch(self, epoch: int) -> None:
         self.discard()

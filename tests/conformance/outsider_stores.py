@@ -108,6 +108,9 @@ class StoreSink(SinkConnector):
         self.pending = []
         self.unstage(epoch)
 
+    async def last_committed_epoch(self) -> int:
+        return self.last_committed()
+
     async def close(self) -> None:
         self.disconnect()
 
@@ -125,6 +128,9 @@ class StoreSink(SinkConnector):
         raise NotImplementedError
 
     def committed(self, epoch: int) -> bool:
+        raise NotImplementedError
+
+    def last_committed(self) -> int:
         raise NotImplementedError
 
     def publish(self, epoch: int) -> None:
@@ -174,6 +180,9 @@ class SqlStoreSink(StoreSink):
 
     def committed(self, epoch: int) -> bool:
         return bool(self.run(f"SELECT epoch FROM {self.prefix}epochs WHERE epoch = ?", epoch))
+
+    def last_committed(self) -> int:
+        return int(self.run(f"SELECT coalesce(max(epoch), -1) FROM {self.prefix}epochs")[0][0])
 
     def _publish(self, epoch: int) -> None:
         self.run(
@@ -355,6 +364,11 @@ class LmdbSink(StoreSink):
         with self.env.begin(db=self.epochs) as txn:
             return txn.get(self.key(epoch)) is not None
 
+    def last_committed(self) -> int:
+        with self.env.begin(db=self.epochs) as txn:
+            cursor = txn.cursor()
+            return int.from_bytes(cursor.key(), "big") if cursor.last() else -1
+
     def _publish(self, txn: Any, epoch: int) -> None:
         staged = txn.cursor(db=self.staged)
         if staged.set_range(self.key(epoch)):
@@ -515,6 +529,9 @@ class JournalSink(StoreSink):
 
     def committed(self, epoch: int) -> bool:
         return epoch in read_journal(self.target)[2]
+
+    def last_committed(self) -> int:
+        return max(read_journal(self.target)[2], default=-1)
 
     def _publish(self, epoch: int) -> None:
         for record in read_journal(self.target)[1].get(epoch, []):

@@ -128,11 +128,37 @@ def test_without_a_proof_a_corrupted_location_stops_and_names_the_command(tmp_pa
     assert query.delivered() == EPOCHS[0], "nothing was rolled back or written"
 
     moved = asyncio.run(store.quarantine_checkpoint(CheckpointId.parse(checkpoint_id)))
-    asyncio.run(query.run())
-
     assert moved == [f"quarantine/{checkpoint_id}/manifest.json"]
     assert (query.checkpoints / moved[0]).read_bytes() != b""
+    # The location now holds no checkpoint, and the sink has epoch 0: as for a new query,
+    # the run stops and says how to record that epoch 0 is this query's own.
+    with pytest.raises(CheckpointError, match="records epochs up to 0 as committed") as refused:
+        asyncio.run(query.run())
+    command = f"laminar checkpoints mark-committed {store.location} --epoch 0 --query-id {QUERY}"
+    assert command in str(refused.value)
+    assert query.delivered() == EPOCHS[0]
+
+    asyncio.run(mark_committed(store, 0, query_id=QUERY))
+    asyncio.run(query.run())
     assert query.delivered() == ALL_IDS
+
+
+def test_a_query_started_over_on_a_sink_that_has_its_epochs_stops_before_skipping_them(tmp_path):
+    # Both locations deleted "to start over", the sink left as it was: the new query would
+    # number its epochs from 0 again, and the sink would skip them as committed.
+    query = Query(tmp_path)
+    asyncio.run(query.run())
+    shutil.rmtree(query.checkpoints)
+    query.spark_committed = -1
+
+    with pytest.raises(CheckpointError) as refused:
+        asyncio.run(query.run())
+
+    message = str(refused.value)
+    assert "holds no checkpoint, so this query numbers its epochs from 0" in message
+    assert f"sink {SINK!r} records epochs up to {len(EPOCHS) - 1} as committed" in message
+    assert "give the sink an identity of its own" in message
+    assert query.delivered() == ALL_IDS, "nothing was skipped, written or rolled back"
 
 
 @pytest.mark.parametrize("lost", ["deleted", "restored from an older backup"])

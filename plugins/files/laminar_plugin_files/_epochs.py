@@ -116,6 +116,19 @@ def published_directory(directory: Path, epoch: int) -> Path:
     return directory / f"{PARTITION_COLUMN}={epoch:020d}"
 
 
+_PUBLISHED = re.compile(rf"{PARTITION_COLUMN}=(\d{{20}})")
+
+
+def last_published(directory: Path) -> int:
+    """The newest epoch published in ``directory`` (``-1``: none)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return -1
+    published = (_PUBLISHED.fullmatch(name) for name in names)
+    return max((int(match[1]) for match in published if match), default=-1)
+
+
 def check_layout(label: str, directory: Path, key: str) -> None:
     """Refuse ``directory`` when it holds epochs an earlier release published as ``epoch-<e>/``.
 

@@ -42,6 +42,7 @@ from laminar_plugin_files._epochs import (
     check_layout,
     combined,
     discard_staging,
+    last_published,
     publish,
     published_before,
     published_directory,
@@ -215,6 +216,11 @@ class FilesSink(SinkConnector, DistributedCommitSink):
             wanted = "" if epoch is None else f"({epoch})"
             raise InvalidState(f"begin_epoch{wanted} before {operation}{wanted}", actual)
         return current
+
+    async def last_committed_epoch(self) -> int:
+        """The newest epoch published under ``path`` (``epoch=<e>``; ``-1``: none)."""
+        settings = self._lifecycle.require("last_committed_epoch")
+        return last_published(settings.directory)
 
     async def begin_epoch(self, epoch: int) -> None:
         """Stage ``epoch`` afresh, or recognise it as published already and skip it.

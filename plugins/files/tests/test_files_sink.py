@@ -140,6 +140,16 @@ def test_a_committed_epoch_delivered_again_to_a_new_instance_is_skipped(tmp_path
     assert restarted.metrics().records_total == 0
 
 
+def test_the_newest_published_epoch_is_what_the_sink_reports_as_committed(tmp_path):
+    # What the runtime asks before a new query: a staged or pre-committed epoch is not one.
+    sink = open_sink(tmp_path)
+    assert asyncio.run(sink.last_committed_epoch()) == -1
+    write_epoch(sink, 0, [1])
+    write_epoch(sink, 11, [2])
+    write_epoch(sink, 12, [3], commit=False)
+    assert asyncio.run(open_sink(tmp_path).last_committed_epoch()) == 11
+
+
 def test_a_pre_committed_epoch_is_committed_by_another_instance(tmp_path):
     write_epoch(open_sink(tmp_path), 3, [1, 2], [3], commit=False)
     other = open_sink(tmp_path)

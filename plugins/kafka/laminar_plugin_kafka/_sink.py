@@ -328,6 +328,15 @@ class KafkaSink(SinkConnector):
                 with contextlib.suppress(Exception):  # its failure to open was raised above
                     connecting.result().close()
 
+    async def last_committed_epoch(self) -> int | None:
+        """The newest epoch marker of ``sink.id`` in ``epochs.topic`` (``-1``: none).
+
+        Read when the sink opened, and kept up to date as it commits. ``None`` with
+        ``delivery=at-least-once``, which keeps no markers.
+        """
+        writer = self._lifecycle.require("last_committed_epoch")
+        return writer.last_committed if writer.settings.exactly_once else None
+
     async def close(self) -> None:
         """Abandon an open epoch (its transaction is aborted) and release the producer."""
         writer = self._lifecycle.state

@@ -13,8 +13,10 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from kafka_testing import CLIENT_LOGGER
 from laminar_sdk import (
+    CheckpointError,
     ConfigurationError,
     ConnectorRegistry,
+    EpochCoordinator,
     FileCheckpointer,
     SinkConnector,
     SinkConnectorCapabilities,
@@ -445,3 +447,40 @@ def test_an_epoch_whose_staged_copy_is_gone_cannot_be_committed_and_says_why(
 
     asyncio.run(scenario())
     assert kafka.committed_ids(topic) == []
+
+
+def test_a_query_started_over_with_the_same_sink_id_is_refused_until_given_a_new_one(
+    kafka, registry, tmp_path
+):
+    # A new query (an empty checkpoint location) numbers its epochs from 0: the sink would
+    # skip them by its markers in epochs.topic, so the runtime refuses it before writing.
+    topic = kafka.topic()
+    properties = sink_config(kafka, topic, tmp_path, **{"sink.id": "loader"})
+
+    async def query(location: str, epochs: list[list[int]], config: dict[str, str]) -> None:
+        sink = await open_sink(registry, config)
+        try:
+            store = FileCheckpointer(str(tmp_path / location))
+            coordinator = EpochCoordinator(store, {"out": sink})
+            await coordinator.recover()
+            for epoch, ids in enumerate(epochs):
+                await coordinator.run_epoch(epoch, [batch(ids)], {})
+        finally:
+            await sink.close()
+
+    asyncio.run(query("first", [[1, 2], [3]], properties))
+    assert asyncio.run(last_committed(registry, properties)) == 1
+    with pytest.raises(CheckpointError, match="sink 'out' records epochs up to 1 as committed"):
+        asyncio.run(query("again", [[4, 5], [6]], properties))
+    asyncio.run(query("afresh", [[4, 5], [6]], {**properties, "sink.id": "loader-2"}))
+    assert kafka.committed_ids(topic) == [1, 2, 3, 4, 5, 6]
+    at_least_once = {**properties, "delivery": "at-least-once"}
+    assert asyncio.run(last_committed(registry, at_least_once)) is None, "it keeps no markers"
+
+
+async def last_committed(registry: ConnectorRegistry, properties: dict[str, str]) -> int | None:
+    sink = await open_sink(registry, properties)
+    try:
+        return await sink.last_committed_epoch()
+    finally:
+        await sink.close()

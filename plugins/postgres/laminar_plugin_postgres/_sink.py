@@ -329,6 +329,21 @@ class PostgresSink(SinkConnector):
         """Exactly once, and nothing visible before ``commit_epoch`` (two-phase commit)."""
         return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
 
+    async def last_committed_epoch(self) -> int | None:
+        """The newest epoch the marker table records for ``sink.id`` (``-1``: none).
+
+        ``None`` for ``upsert``, which keeps no markers: an epoch written again writes the
+        same rows.
+        """
+        writer = self._lifecycle.require("last_committed_epoch")
+        if writer.settings.mode is Mode.UPSERT:
+            return None
+        await _live_session(writer)
+        try:
+            return await writer.markers.last_committed(writer.session)
+        except psycopg.Error as error:
+            raise failure(writer.settings.connection, "read the epoch markers", error) from None
+
     # The epoch protocol ---------------------------------------------------------------------
 
     async def begin_epoch(self, epoch: int) -> None:

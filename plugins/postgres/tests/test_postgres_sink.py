@@ -10,12 +10,15 @@ import json
 import pyarrow as pa
 import pytest
 from laminar_sdk import (
+    CheckpointError,
     ConfigurationError,
     ConnectorRole,
+    EpochCoordinator,
     HealthState,
     SchemaMismatch,
     TransactionError,
     load_connector_registry,
+    open_checkpointer,
 )
 from psycopg import sql
 
@@ -371,3 +374,39 @@ def test_health_reports_prepared_transactions_left_waiting(database, monkeypatch
     health = asyncio.run(scenario())
     assert health.state is HealthState.DEGRADED
     assert f"laminar:public.{table}:0:" in health.reason
+
+
+@pytest.mark.parametrize("connector", ["postgres", "postgres-2pc"])
+def test_a_query_started_over_with_the_same_sink_id_is_refused_until_given_a_new_one(
+    database, tmp_path, connector
+):
+    # The finding: both checkpoint locations deleted "to start over", the same pipeline run
+    # again; the sink skipped the new query's epochs as committed and the run said written.
+    table = database.name()
+    database.execute(f"CREATE TABLE {table} (id bigint)")
+    # The append sink stages its pre-committed epochs; the two-phase one prepares them.
+    staged = {"staging.location": str(tmp_path / "staging")} if connector == "postgres" else {}
+    config = properties(database, table, **{"sink.id": f"loader-{table}"}, **staged)
+
+    async def query(location, ids, sink_config):
+        sink, _ = await REGISTRY.open_sink(connector, sink_config)
+        try:
+            coordinator = EpochCoordinator(open_checkpointer(str(location)), {"out": sink})
+            await coordinator.recover()
+            for epoch, batch in enumerate(ids):
+                records = pa.RecordBatch.from_pydict({"id": pa.array(batch, pa.int64())})
+                await coordinator.run_epoch(epoch, [records], {})
+        finally:
+            await sink.close()
+
+    asyncio.run(query(tmp_path / "first", [[1, 2], [3]], config))
+    with pytest.raises(CheckpointError) as refused:
+        asyncio.run(query(tmp_path / "again", [[4, 5], [6]], config))
+    message = str(refused.value)
+    assert "sink 'out' records epochs up to 1 as committed" in message
+    assert "a new sink.id" in message
+    assert database.ids(table) == [1, 2, 3], "nothing of the new query was written"
+    assert not database.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'laminar:%'")
+
+    asyncio.run(query(tmp_path / "afresh", [[4, 5], [6]], {**config, "sink.id": f"{table}-2"}))
+    assert database.ids(table) == [1, 2, 3, 4, 5, 6]
