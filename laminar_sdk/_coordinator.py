@@ -243,11 +243,12 @@ class EpochCoordinator:
             await self._rollback_all(0)
             location = self._checkpointer.location
             query = f" --query-id {self._query_id}" if self._query_id else ""
+            skipped = "epoch 0" if committed == 0 else f"epochs 0 to {committed}"
             raise CheckpointError(
                 f"the checkpoint location {location} holds no checkpoint, so this query numbers "
                 f"its epochs from 0, but sink {name!r} records epochs up to {committed} as "
                 "committed in its destination (an earlier query's, written with the same sink "
-                f"identity): it would skip epochs 0 to {committed} as committed, and their "
+                f"identity): it would skip {skipped} as committed, and their "
                 "records would be lost. To write everything again, give the sink an identity "
                 "of its own for this query (for example a new sink.id, or a new path for a "
                 "files sink) and restart; "

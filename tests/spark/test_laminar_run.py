@@ -84,6 +84,18 @@ def test_run_a_pipeline_file_with_a_transform_exactly_once(tmp_path: Path) -> No
     assert run_pipeline_file(pipeline, again) == 0, again.read_text()[-2000:]
     assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(0, 120, 2))
 
+    # Started over: the checkpoint location deleted, the sink's directory kept. The new query
+    # would number its epochs from 0 and the sink skip them as committed: it stops instead.
+    shutil.rmtree(tmp_path / "state")
+    over = tmp_path / "over.log"
+    assert run_pipeline_file(pipeline, over) == 1, over.read_text()[-2000:]
+    assert (
+        "laminar: error: the pipeline failed: CheckpointError: the checkpoint location "
+        f"{tmp_path / 'state' / 'laminar'} holds no checkpoint" in over.read_text()
+    )
+    assert "sink 'memory' records epochs up to 2 as committed" in over.read_text()
+    assert sorted(MemorySink.committed_ids(tmp_path / "out")) == list(range(0, 120, 2))
+
 
 @pytest.mark.spark
 def test_run_with_an_unknown_connector_fails_before_data_moves(tmp_path: Path) -> None:
