@@ -78,7 +78,9 @@ def _describe(spec: ConnectorSpec) -> str:
 def _run(args: argparse.Namespace) -> int:
     registry = load_connector_registry()
     pipeline = load_pipeline_file(Path(args.pipeline), registry=registry)
-    checked = check_pipeline(pipeline, registry)
+    if args.connect and not args.check:
+        raise ConfigurationError("--connect goes with --check: `laminar run --check --connect`")
+    checked = check_pipeline(pipeline, registry, connect=args.connect)
     if args.check:
         print(f"laminar: checked {pipeline.path} (Spark not started):")
         table = format_table([("CHECK", "FOUND"), *((i.what, i.finding) for i in checked)])
@@ -197,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check the file without starting Spark: plugins found, options valid, paths "
         "resolved, delivery guarantee possible; exit status 2 naming the key otherwise",
+    )
+    run.add_argument(
+        "--connect",
+        action="store_true",
+        help="with --check: also open and close each connector as the run does (servers "
+        "reached, tables, topics and columns checked, a query started over refused)",
     )
     run.add_argument(
         "-v",

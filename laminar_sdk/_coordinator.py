@@ -241,22 +241,7 @@ class EpochCoordinator:
             if committed is None or committed < 0:
                 continue
             await self._rollback_all(0)
-            location = self._checkpointer.location
-            query = f" --query-id {self._query_id}" if self._query_id else ""
-            skipped = "epoch 0" if committed == 0 else f"epochs 0 to {committed}"
-            raise CheckpointError(
-                f"the checkpoint location {location} holds no checkpoint, so this query numbers "
-                f"its epochs from 0, but sink {name!r} records epochs up to {committed} as "
-                "committed in its destination (an earlier query's, written with the same sink "
-                f"identity): it would skip {skipped} as committed, and their "
-                "records would be lost. To write everything again, give the sink an identity "
-                "of its own for this query (for example a new sink.id, or a new path for a "
-                "files sink) and restart; "
-                "to go on with the earlier query, point the checkpoint locations back at its "
-                "own. If those epochs are this query's own (its checkpoints were lost), record "
-                f"it with `laminar checkpoints mark-committed {location} --epoch {committed}"
-                f"{query}` and restart"
-            )
+            raise destination_ahead(self._checkpointer.location, name, committed, self._query_id)
 
     def _reconcile(
         self,
@@ -544,6 +529,30 @@ class EpochCoordinator:
                 delay = min(delay * 2, self._policy.max_backoff_s)
             else:
                 return
+
+
+def destination_ahead(
+    location: str, sink: str, committed: int, query_id: str | None = None
+) -> CheckpointError:
+    """Why a query must not start: its checkpoint location is empty, its sink's destination not.
+
+    The location holds no checkpoint, while ``sink``'s destination records epochs up to
+    ``committed`` (:meth:`SinkConnector.last_committed_epoch`): the sink would skip the
+    query's first epochs as committed.
+    """
+    query = f" --query-id {query_id}" if query_id else ""
+    skipped = "epoch 0" if committed == 0 else f"epochs 0 to {committed}"
+    return CheckpointError(
+        f"the checkpoint location {location} holds no checkpoint, so this query numbers "
+        f"its epochs from 0, but sink {sink!r} records epochs up to {committed} as committed "
+        "in its destination (an earlier query's, written with the same sink identity): it "
+        f"would skip {skipped} as committed, and their records would be lost. To write "
+        "everything again, give the sink an identity of its own for this query (for example "
+        "a new sink.id, or a new path for a files sink) and restart; to go on with the "
+        "earlier query, point the checkpoint locations back at its own. If those epochs are "
+        "this query's own (its checkpoints were lost), record it with `laminar checkpoints "
+        f"mark-committed {location} --epoch {committed}{query}` and restart"
+    )
 
 
 async def stage_task(

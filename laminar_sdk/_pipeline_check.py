@@ -7,7 +7,8 @@ the file is loaded), the checkpoint location and the paths connectors may create
 written (tried, and undone), and the connectors can keep the delivery guarantee. Connectors
 are built but never opened, so nothing is contacted: what only an open connector or Spark can
 tell (a server that cannot be reached, the SQL transform) is checked when the pipeline
-starts.
+starts — or, with ``laminar run --check --connect``, by :func:`connect_pipeline`, which opens
+each connector as the run does.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
+from laminar_sdk._checkpointing.recovery import search_latest_valid
 from laminar_sdk._checkpointing.registry import store_for_location
 from laminar_sdk._config import PathKind
+from laminar_sdk._coordinator import destination_ahead
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
-from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError
+from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError, SchemaMismatch
 from laminar_sdk._pipeline_file import PipelineFile, local_path
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
 from laminar_sdk._spark.options import (
@@ -54,13 +59,16 @@ class CheckedItem:
     finding: str
 
 
-def check_pipeline(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[CheckedItem]:
+def check_pipeline(
+    pipeline: PipelineFile, registry: ConnectorRegistry, *, connect: bool = False
+) -> list[CheckedItem]:
     """Check everything about ``pipeline`` that can be checked without Spark.
 
     :param pipeline: a loaded pipeline file (its paths resolved and checked already).
     :param registry: the installed connectors, as loaded for the file.
+    :param connect: also open and close each connector (:func:`connect_pipeline`).
     :returns: what was checked, in order; warnings (a delivery weaker than it may look)
-        among them.
+        among them, and last what was not checked.
     :raises ConfigurationError: naming the file and the key at fault (``sink.rows_per_file``,
         ``pipeline.delivery``, ...) and what to do.
     """
@@ -74,17 +82,88 @@ def check_pipeline(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[
         checked += _paths(pipeline, role, spec, options)
     checked.append(CheckedItem("checkpoints", _checkpoints(pipeline, sides[ConnectorRole.SINK][1])))
     checked += _delivery(pipeline, registry)
-    checked.append(
-        CheckedItem(
-            "not checked",
-            "the SQL transform and connections to external systems: they need Spark and "
-            "open connectors, and are checked when the pipeline starts"
-            if pipeline.transform_sql is not None
-            else "connections to external systems: they need open connectors, and are "
-            "checked when the pipeline starts",
+    if connect:
+        checked += connect_pipeline(pipeline, registry)
+    transform = "the SQL transform: it needs Spark, and is checked when the pipeline starts"
+    if not connect:
+        transform = (
+            "the SQL transform and connections to external systems: they need Spark and open "
+            "connectors (--connect opens them), and are checked when the pipeline starts"
         )
+    connections = (
+        "connections to external systems: they need open connectors (--connect opens them), "
+        "and are checked when the pipeline starts"
     )
+    if pipeline.transform_sql is not None:
+        checked.append(CheckedItem("not checked", transform))
+    elif not connect:
+        checked.append(CheckedItem("not checked", connections))
     return checked
+
+
+def connect_pipeline(pipeline: PipelineFile, registry: ConnectorRegistry) -> list[CheckedItem]:
+    """Open each connector of ``pipeline`` as the run does, and close it (``--connect``).
+
+    The source is opened and asked its schema; the sink is opened (which checks its table,
+    topic or directory, as each sink does) and asked its schema and the newest epoch its
+    destination records. Without a transform, the sink must take the source's columns as they
+    come out of Spark. A sink whose destination records epochs while the checkpoint location
+    holds none is refused as the run would refuse it (a query started over).
+
+    :returns: what was found, in order.
+    :raises LaminarError: what opening a connector raised (a server that cannot be reached, a
+        missing table, …), the sink's :class:`SchemaMismatch`, or the start-over refusal.
+    """
+    from laminar_sdk._spark.arrow import (  # noqa: PLC0415 - imports pyspark
+        schema_differences,
+        spark_round_trip_schema,
+    )
+    from laminar_sdk._spark.connectors import (  # noqa: PLC0415 - beside the one above
+        opened_sink,
+        opened_source,
+        run,
+    )
+
+    source_options = _bridge_options(pipeline, ConnectorRole.SOURCE, registry)
+    sink_options = _bridge_options(pipeline, ConnectorRole.SINK, registry)
+
+    async def opened() -> tuple[pa.Schema, pa.Schema, int | None]:
+        async with opened_source(source_options) as source:
+            source_schema = source.schema()
+        async with opened_sink(sink_options) as sink:
+            return source_schema, sink.schema(), await sink.last_committed_epoch()
+
+    source_schema, sink_schema, committed = run(opened())
+    checked = [
+        CheckedItem("source", f"{pipeline.source} opened and closed: {_columns(source_schema)}"),
+        CheckedItem("sink", f"{pipeline.sink} opened and closed: {_columns(sink_schema)}"),
+    ]
+    if pipeline.transform_sql is None:
+        stream = spark_round_trip_schema(source_schema, pipeline.source)
+        problems = schema_differences(sink_schema, stream)
+        if problems:
+            raise SchemaMismatch(
+                f"{pipeline.path}: sink {pipeline.sink!r} cannot take the source's stream: "
+                f"{'; '.join(problems)}. Select or cast the columns in a [transform]"
+            )
+        checked.append(CheckedItem("columns", "the sink takes the source's columns"))
+    store = checkpointer_of(sink_options)
+    search = run(search_latest_valid(store, on_skip=lambda _: None))
+    fresh = search.recovered is None and not search.skipped
+    if committed is not None and committed >= 0 and fresh:
+        raise destination_ahead(store.location, pipeline.sink, committed)
+    if committed is None:
+        destination = "keeps no record of committed epochs"
+    elif committed < 0:
+        destination = "no epoch committed yet"
+    else:
+        destination = f"epochs up to {committed} committed; the query resumes from its checkpoints"
+    checked.append(CheckedItem("destination", destination))
+    return checked
+
+
+def _columns(schema: pa.Schema) -> str:
+    return f"columns ({', '.join(schema.names)})"
 
 
 def _bridge_options(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+from laminar_sdk import ConnectorConfig
 from laminar_sdk._cli import COMMAND_ENTRY_POINT_GROUP, main
+from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 
 PLUGIN = """
 import pyarrow as pa
@@ -295,6 +299,79 @@ def test_run_check_refuses_a_guarantee_the_connectors_cannot_keep(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"laminar: error: {path}: pipeline.delivery: exactly-once delivery")
     assert "sink 'null' does not" in err
+
+
+CONNECTED_PIPELINE = """
+[source]
+connector = "generator"
+rows = 20
+
+[sink]
+connector = "memory"
+path = "out"
+schema = "{schema}"
+
+[pipeline]
+checkpoint_location = "state"
+"""
+
+
+def connected_pipeline(tmp_path, schema="ids"):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(CONNECTED_PIPELINE.format(schema=schema))
+    return path
+
+
+def test_run_check_connect_opens_each_connector_and_compares_their_columns(tmp_path, capsys):
+    path = connected_pipeline(tmp_path)
+    assert main(["run", "--check", "--connect", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line.split(maxsplit=1)[1] for line in out.splitlines()[2:-1]}
+    assert rows["source"] == "generator opened and closed: columns (id, partition, value)"
+    assert rows["sink"] == "memory opened and closed: columns (id, partition, value)"
+    assert rows["columns"] == "the sink takes the source's columns"
+    assert rows["destination"] == "no epoch committed yet"
+    assert "not" not in rows, "with nothing left that needs Spark, nothing goes unchecked"
+
+
+def test_run_check_connect_refuses_a_sink_that_cannot_take_the_source_s_columns(tmp_path, capsys):
+    path = connected_pipeline(tmp_path, schema="wide")
+    assert main(["run", "--check", "--connect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"laminar: error: {path}: sink 'memory' cannot take the source's stream: missing column"
+    ), err
+    assert "[transform]" in err
+
+
+def test_run_check_connect_refuses_a_query_started_over_on_a_sink_that_has_epochs(tmp_path, capsys):
+    # The checkpoint location is empty, but the sink's directory holds epoch 0 already.
+    async def commit_epoch_0() -> None:
+        sink = MemorySink()
+        await sink.open(ConnectorConfig("memory", {"path": str(tmp_path / "out")}))
+        await sink.begin_epoch(0)
+        ids = pa.array([1, 2], pa.int64())
+        batch = pa.record_batch(
+            [ids, pa.array([0, 0], pa.int32()), ids.cast(pa.float64())], schema=IDS_SCHEMA
+        )
+        await sink.write_batch(batch)
+        await sink.pre_commit(0)
+        await sink.commit_epoch(0)
+        await sink.close()
+
+    asyncio.run(commit_epoch_0())
+    path = connected_pipeline(tmp_path)
+    assert main(["run", "--check", str(path)]) == 0, "without --connect nothing is opened"
+    capsys.readouterr()
+    assert main(["run", "--check", "--connect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no checkpoint, so this query numbers its epochs from 0" in err, err
+    assert "sink 'memory' records epochs up to 0 as committed" in err
+
+
+def test_run_connect_goes_with_check(tmp_path, capsys):
+    assert main(["run", "--connect", str(connected_pipeline(tmp_path))]) == 2
+    assert "--connect goes with --check" in capsys.readouterr().err
 
 
 def test_run_check_never_imports_pyspark(tmp_path):

@@ -221,3 +221,23 @@ def test_the_password_comes_from_a_file_or_the_environment(registry, database, m
 def test_config_repr_never_shows_a_password_file_or_variable():
     config = ConnectorConfig("postgres", {"dsn": "host=x", "password.file": "/run/secret/pg"})
     assert "/run/secret/pg" not in repr(config)
+
+
+def test_run_check_connect_opens_the_sink_on_the_server_and_names_a_missing_table(
+    database, tmp_path, capsys
+):
+    # Without --connect the file is valid; connecting finds what the run would have failed on.
+    pipeline = tmp_path / "pipeline.toml"
+    settings = database.properties()
+    connection = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
+    pipeline.write_text(
+        f'[source]\nconnector = "generator"\nrows = 10\n\n'
+        f'[sink]\nconnector = "postgres-2pc"\n{connection}table = "missing_table"\n\n'
+        f'[pipeline]\ncheckpoint_location = "state"\n'
+    )
+    assert main(["run", "--check", str(pipeline)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--check", "--connect", str(pipeline)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("laminar: error: "), err
+    assert "missing_table" in err, err
