@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from files_testing import open_sink, open_source
-from laminar_sdk import ConfigurationError, ConnectorConfig
+from laminar_sdk import ConfigurationError, ConnectorConfig, ConnectorRole, load_connector_registry
+from laminar_sdk._cli import main
 from laminar_sdk.reference import IDS_SCHEMA, WIDE_SCHEMA
+from laminar_sdk.spark import parse_options
 
 from laminar_plugin_files import FilesSink, FilesSource
 
@@ -153,3 +156,39 @@ def test_counts_below_one_are_refused(tmp_path, connector, key):
     error = refused(connector(), {"path": str(tmp_path), key: "0"})
     assert error.key == key
     assert ">= 1" in str(error)
+
+
+S3_SECRETS = {
+    "s3.access_key": "AKIA-SECRET-ID",
+    "s3.secret_key": "s3-Secret/Key+1",
+    "s3.session_token": "tok-SECRET",
+}
+
+
+def test_s3_credentials_never_show_on_any_output_path(tmp_path, capsys, caplog):
+    # --check's table, a configuration error, the options Spark echoes back to the bridge,
+    # and the log: the S3 keys are secrets whatever path they take.
+    caplog.set_level(logging.DEBUG)
+    credentials = "".join(f"{key} = {json.dumps(value)}\n" for key, value in S3_SECRETS.items())
+    source = (
+        '[source]\nconnector = "files"\npath = "s3://bucket/in"\n'
+        f's3.endpoint = "http://127.0.0.1:9"\ns3.allow_http = true\n{credentials}'
+    )
+    rest = '\n[sink]\nconnector = "memory"\npath = "out"\n\n[pipeline]\ncheckpoint_location = "s"\n'
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(source + rest)
+    assert main(["run", "--check", str(pipeline)]) == 0
+    pipeline.write_text(source + 's3.timeout_s = "soon"\n' + rest)
+    assert main(["run", "--check", str(pipeline)]) == 2
+    shown = capsys.readouterr()
+    assert "s3.secret_key=***" in shown.out
+    assert "source.s3.timeout_s" in shown.err
+    options = {"connector": "files", "path": "s3://bucket/in", **S3_SECRETS}
+    echoed = parse_options(options, ConnectorRole.SOURCE, load_connector_registry())
+    with pytest.raises(ConfigurationError) as refused_option:
+        parse_options({**options, "laminar.delivery": "twice"}, ConnectorRole.SOURCE)
+    configured = echoed.spec().configure(echoed.properties)
+    outputs = [shown.out, shown.err, repr(echoed), str(echoed), str(refused_option.value)]
+    outputs += [caplog.text, repr(configured), str(configured), str(configured.redacted())]
+    for secret in S3_SECRETS.values():
+        assert not [text for text in outputs if secret in text], secret
