@@ -7,6 +7,7 @@ import asyncio
 import datetime as dt
 import itertools
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
@@ -15,7 +16,13 @@ from laminar_sdk._checkpointing.ids import CheckpointId
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
 from laminar_sdk._checkpointing.recovery import mark_committed, verify_checkpoint
 from laminar_sdk._checkpointing.registry import open_checkpointer
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._errors import CheckpointError, ConfigurationError
+from laminar_sdk._spark.read_log import (
+    READ_LOG_DIRECTORY,
+    LoggedMicroBatch,
+    damaged_slices,
+    slices_in_offset_log,
+)
 from laminar_sdk._terminal import format_table
 
 
@@ -27,8 +34,28 @@ def _option(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _open(args: argparse.Namespace) -> Checkpointer:
-    return open_checkpointer(args.location, store=args.store, options=dict(args.option or ()))
+def _open(args: argparse.Namespace, location: str | None = None) -> Checkpointer:
+    where = args.location if location is None else location
+    return open_checkpointer(where, store=args.store, options=dict(args.option or ()))
+
+
+def _read_log_location(location: str) -> str:
+    return f"{location.rstrip('/')}/{READ_LOG_DIRECTORY}"
+
+
+def _refuse_a_read_log(location: str, command: str) -> None:
+    """Raise when ``location`` is a read log: its entries are not checkpoints."""
+    if location.rstrip("/").rpartition("/")[2] != READ_LOG_DIRECTORY:
+        return
+    laminar = location.rstrip("/").rpartition("/")[0]
+    raise ConfigurationError(
+        f"{location} is a polled source's read log, whose entries are not checkpoints: each "
+        "holds the only copy of a micro-batch's records until Spark commits it, so setting "
+        f"one aside cannot help. `laminar checkpoints verify {laminar}` checks the read log "
+        "with the checkpoints, naming the micro-batch of each damaged slice and whether Spark "
+        "still needs it",
+        key=command,
+    )
 
 
 def _handler(
@@ -190,6 +217,7 @@ def _pointer_verdict(
 
 
 async def _checkpoints_verify(args: argparse.Namespace) -> int:
+    _refuse_a_read_log(args.location, "verify")
     store = _open(args)
     ids = await store.list_checkpoints()
     latest, pointer_problem = await _latest_or_problem(store)
@@ -227,11 +255,63 @@ async def _checkpoints_verify(args: argparse.Namespace) -> int:
     if gaps:
         print(f"FAILED: {len(gaps)} gap(s) in the checkpoints at {store.location}")
         return 1
+    if not await _read_log_intact(args):
+        return 1
     print(f"all {len(ids)} checkpoint(s) valid")
     return 0
 
 
+async def _read_log_intact(args: argparse.Namespace) -> bool:
+    """Check the read log beside the checkpoints, if there is one; ``False`` when damaged.
+
+    A slice is checked against the SHA-256 Spark's offset log records for it, when that log
+    is where Spark keeps it by default (``offsets`` beside a local laminar location);
+    otherwise it must decode. A damaged slice of a micro-batch Spark committed is no longer
+    needed (the next commit deletes it).
+    """
+    store = _open(args, _read_log_location(args.location))
+    stored = await store.list_artifacts()
+    if not stored:
+        return True
+    named: dict[str, LoggedMicroBatch] = {}
+    committed: set[int] = set()
+    if "://" not in args.location:
+        spark = Path(args.location).parent
+        named = slices_in_offset_log(spark / "offsets")
+        committed = {int(done.name) for done in _listed(spark / "commits") if done.name.isdigit()}
+    how = (
+        "against the SHA-256s in Spark's offset log"
+        if named
+        else "by decoding them (Spark's offset log is not beside the location)"
+    )
+    damaged = await damaged_slices(store, named)
+    print(f"read log at {store.location}: {len(stored)} slice(s) checked {how}")
+    needed = []
+    for path, why in damaged:
+        logged = named.get(path)
+        batch = f" (micro-batch {logged.micro_batch})" if logged else ""
+        if logged is not None and logged.micro_batch in committed:
+            print(f"    {path}{batch} {why}: no longer needed, Spark committed it")
+            continue
+        print(f"    BAD {path}{batch} {why}")
+        needed.append(path)
+    if not needed:
+        return True
+    print(
+        f"FAILED: {len(needed)} damaged read-log slice(s): a micro-batch Spark has not "
+        "committed cannot be run again with its first run's records. Restore the laminar "
+        "location from a backup taken with Spark's checkpoint, or delete both locations to "
+        "start the query over (setting an entry aside cannot help: it holds the only copy)"
+    )
+    return False
+
+
+def _listed(directory: Path) -> list[Path]:
+    return sorted(directory.iterdir()) if directory.is_dir() else []
+
+
 async def _checkpoints_quarantine(args: argparse.Namespace) -> int:
+    _refuse_a_read_log(args.location, "quarantine")
     store = _open(args)
     ids = [CheckpointId.parse(text) for text in args.checkpoints]
     for checkpoint_id in ids:
@@ -291,7 +371,8 @@ def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.Argume
     verify = checkpoint_commands.add_parser(
         "verify",
         parents=[where],
-        help="check every manifest and artifact (sha256); exit 1 naming each bad file",
+        help="check every manifest and artifact (sha256), and the read log of a polled source "
+        "beside them; exit 1 naming each bad file",
     )
     verify.set_defaults(handler=_handler(_checkpoints_verify))
     quarantine = checkpoint_commands.add_parser(

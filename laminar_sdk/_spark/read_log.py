@@ -31,9 +31,11 @@ by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -48,6 +50,9 @@ from laminar_sdk._state import connector_space
 
 READ_LOG_DIRECTORY = "read-log"
 """The directory under the laminar checkpoint location that holds the read log."""
+
+READ_LOG_OFFSET_KEY = "read_log"
+"""The key of a polled micro-batch's read-log entry in its end offset."""
 
 SLICE_BYTES = 32 * 1024 * 1024
 """The most Arrow bytes one slice holds (a batch larger than that is cut, by rows): a
@@ -193,9 +198,11 @@ class ReadLog:
         except CheckpointCorrupted as error:
             raise ReadError(
                 f"source {self._source!r}: the read log's record of this micro-batch is "
-                f"corrupted ({error}), so it cannot be run again with the records its first "
-                "run read. Restore the laminar checkpoint location from a backup taken with "
-                "Spark's checkpoint, or delete both to start the query over"
+                f"corrupted ({logged.path} at {self.location} fails its SHA-256 check), so it "
+                "cannot be run again with the records its first run read. Restore the laminar "
+                "checkpoint location from a backup taken with Spark's checkpoint, or delete "
+                "both to start the query over; setting the entry aside (`laminar checkpoints "
+                "quarantine`) cannot help, it holds the only copy of those records"
             ) from error
         return pa.ipc.open_stream(pa.py_buffer(data))
 
@@ -221,6 +228,57 @@ class ReadLog:
                 doomed.add(path)
         for path in sorted(doomed):
             await self._store.delete_artifact(path)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedMicroBatch:
+    """What Spark's offset log says of one slice: its micro-batch, and its SHA-256."""
+
+    micro_batch: int
+    sha256: str
+
+
+def slices_in_offset_log(offsets: Path) -> dict[str, LoggedMicroBatch]:
+    """The read-log slices Spark's offset log directory ``offsets`` names, by path.
+
+    Spark writes a file per planned micro-batch (``offsets/<N>``): a version line, a metadata
+    line, then each source's end offset; a polled source's names its read-log entry
+    (:data:`READ_LOG_OFFSET_KEY`). Lines that are not such an offset are passed over.
+    """
+    named: dict[str, LoggedMicroBatch] = {}
+    files = sorted(offsets.iterdir()) if offsets.is_dir() else []
+    for file in (file for file in files if file.name.isdigit()):
+        for line in file.read_text(errors="replace").splitlines()[2:]:
+            try:
+                offset = json.loads(line)
+                entry = ReadLogEntry.from_dict(offset[READ_LOG_OFFSET_KEY])
+            except (ValueError, TypeError, KeyError, CheckpointError):
+                continue
+            for logged in entry.slices:
+                named[logged.path] = LoggedMicroBatch(int(file.name), logged.sha256)
+    return named
+
+
+async def damaged_slices(
+    store: Checkpointer, named: Mapping[str, LoggedMicroBatch]
+) -> list[tuple[str, str]]:
+    """Every slice in the read log ``store`` that cannot be read back, with why.
+
+    A slice Spark's offset log names (``named``, :func:`slices_in_offset_log`) must match
+    its SHA-256; any other must decode whole as an Arrow stream.
+    """
+    damaged = []
+    for path in await store.list_artifacts():
+        expected = named.get(path)
+        try:
+            data = await store.load_artifact(path, sha256=expected.sha256 if expected else None)
+            if expected is None:
+                pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        except CheckpointCorrupted:
+            damaged.append((path, "fails the SHA-256 check Spark's offset log records for it"))
+        except pa.ArrowException as error:
+            damaged.append((path, f"is not a readable Arrow stream ({error})"))
+    return damaged
 
 
 def _ipc_stream(group: list[pa.RecordBatch], schema: pa.Schema) -> bytes:

@@ -44,6 +44,7 @@ from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source, ru
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 from laminar_sdk._spark.read_log import (
     READ_LOG_DIRECTORY,
+    READ_LOG_OFFSET_KEY,
     SLICE_BYTES,
     LoggedSlice,
     ReadLog,
@@ -55,9 +56,6 @@ logger = logging.getLogger("laminar_sdk.spark")
 Offset = dict[str, Any]
 """A Spark offset: a :class:`SourceCheckpoint` as :meth:`SourceCheckpoint.to_dict` gives it,
 and for a polled source the micro-batch's read-log entry under :data:`READ_LOG_OFFSET_KEY`."""
-
-READ_LOG_OFFSET_KEY = "read_log"
-"""The key of a polled micro-batch's read-log entry in its end offset."""
 
 
 @dataclass(frozen=True)

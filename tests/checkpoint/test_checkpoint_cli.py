@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from laminar_conformance.checkpointer import run, write_checkpoint
 from laminar_conformance.services import S3Endpoint
 
 from laminar_sdk import CheckpointManifest, FileCheckpointer, open_checkpointer
 from laminar_sdk._cli import main
+from laminar_sdk._spark.read_log import ReadLog
 
 
 @pytest.fixture
@@ -241,3 +243,65 @@ def test_mark_committed_records_the_epoch_for_the_next_run(
     assert (marked.epoch, marked.query_id, dict(marked.sink_statuses)) == (7, "q-9", {})
     assert main([*arguments]) == 2
     assert "already records epoch 7" in capsys.readouterr().err
+
+
+def _logged_micro_batches(spark: Path, committed: int) -> list[str]:
+    """A polled source's read log under ``spark/laminar``, two micro-batches, as Spark leaves it.
+
+    Spark's offset log names each micro-batch's entry (``offsets/<N>``: a version line, a
+    metadata line, the source's end offset); ``commits/<N>`` marks micro-batch ``committed``.
+    Returns the path of each micro-batch's slice, relative to the read log.
+    """
+    log = ReadLog(open_checkpointer(str(spark / "laminar" / "read-log")), "queue")
+    paths = []
+    for number, first in enumerate((0, 10)):
+        ids = pa.array(range(first, first + 10), pa.int64())
+        batch = pa.record_batch([ids], names=["id"])
+        entry = run(log.append([batch], batch.schema))
+        offset = {"offsets": {"p0": str(first + 10)}, "read_log": entry.to_dict()}
+        (spark / "offsets").mkdir(parents=True, exist_ok=True)
+        (spark / "offsets" / str(number)).write_text(
+            f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(offset)}\n'
+        )
+        paths.append(entry.slices[0].path)
+    (spark / "commits").mkdir()
+    (spark / "commits" / str(committed)).write_text('v1\n{"nextBatchWatermarkMs":0}\n')
+    return paths
+
+
+@pytest.mark.parametrize("damaged", [0, 1], ids=["committed", "still-needed"])
+def test_verify_checks_the_read_log_against_spark_s_offset_log(tmp_path, capsys, damaged):
+    spark = tmp_path / "checkpoint"
+    slices = _logged_micro_batches(spark, committed=0)
+    stored = spark / "laminar" / "read-log" / slices[damaged]
+    data = bytearray(stored.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit: only the SHA-256 tells
+    stored.write_bytes(bytes(data))
+    laminar = str(spark / "laminar")
+
+    status = main(["checkpoints", "verify", laminar])
+
+    out = capsys.readouterr().out
+    assert "2 slice(s) checked against the SHA-256s in Spark's offset log" in out, out
+    if damaged == 0:
+        assert status == 0, out
+        assert f"{slices[0]} (micro-batch 0) fails" in out
+        assert "no longer needed, Spark committed it" in out
+    else:
+        assert status == 1, out
+        assert f"BAD {slices[1]} (micro-batch 1) fails the SHA-256 check" in out
+        assert "FAILED: 1 damaged read-log slice(s)" in out
+        assert "quarantine" not in out.split("FAILED")[1].replace("setting an entry aside", "")
+
+
+@pytest.mark.parametrize(
+    "command", [["verify"], ["quarantine", "01890a5d-ac96-774b-bcce-b302099a8057"]]
+)
+def test_a_read_log_is_not_taken_for_checkpoints(tmp_path, capsys, command):
+    spark = tmp_path / "checkpoint"
+    _logged_micro_batches(spark, committed=0)
+    read_log = str(spark / "laminar" / "read-log")
+    assert main(["checkpoints", command[0], read_log, *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "is a polled source's read log, whose entries are not checkpoints" in err
+    assert f"`laminar checkpoints verify {spark / 'laminar'}`" in err
