@@ -35,6 +35,9 @@ def _option(text: str) -> tuple[str, str]:
 
 
 def _open(args: argparse.Namespace, location: str | None = None) -> Checkpointer:
+    """The store at ``location``, by default the command's ``LOCATION`` (never a read log)."""
+    if location is None:
+        _refuse_a_read_log(args.location)
     where = args.location if location is None else location
     return open_checkpointer(where, store=args.store, options=dict(args.option or ()))
 
@@ -43,7 +46,7 @@ def _read_log_location(location: str) -> str:
     return f"{location.rstrip('/')}/{READ_LOG_DIRECTORY}"
 
 
-def _refuse_a_read_log(location: str, command: str) -> None:
+def _refuse_a_read_log(location: str) -> None:
     """Raise when ``location`` is a read log: its entries are not checkpoints."""
     if location.rstrip("/").rpartition("/")[2] != READ_LOG_DIRECTORY:
         return
@@ -54,7 +57,7 @@ def _refuse_a_read_log(location: str, command: str) -> None:
         f"one aside cannot help. `laminar checkpoints verify {laminar}` checks the read log "
         "with the checkpoints, naming the micro-batch of each damaged slice and whether Spark "
         "still needs it",
-        key=command,
+        key="LOCATION",
     )
 
 
@@ -217,7 +220,6 @@ def _pointer_verdict(
 
 
 async def _checkpoints_verify(args: argparse.Namespace) -> int:
-    _refuse_a_read_log(args.location, "verify")
     store = _open(args)
     ids = await store.list_checkpoints()
     latest, pointer_problem = await _latest_or_problem(store)
@@ -311,7 +313,6 @@ def _listed(directory: Path) -> list[Path]:
 
 
 async def _checkpoints_quarantine(args: argparse.Namespace) -> int:
-    _refuse_a_read_log(args.location, "quarantine")
     store = _open(args)
     ids = [CheckpointId.parse(text) for text in args.checkpoints]
     for checkpoint_id in ids:
