@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -58,13 +60,13 @@ def records_batch(
     count = len(messages)
     raw_values = list(map(Message.value, messages))
     values = (
-        pa.array(raw_values, pa.binary())
+        binary_array(raw_values)
         if value_schema is None
         else _decoded_values(connector, messages, raw_values, value_schema)
     )
     topic, number = partition
     columns = [
-        pa.array(list(map(Message.key, messages)), pa.binary()),
+        binary_array(list(map(Message.key, messages))),
         values,
         pa.repeat(pa.scalar(topic, pa.string()), count),
         pa.repeat(pa.scalar(number, pa.int32()), count),
@@ -79,6 +81,30 @@ def records_batch(
         _headers(list(map(Message.headers, messages))),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+_MAX_BINARY_BYTES = 2**31 - 1
+"""The most bytes a ``binary`` array (32-bit offsets) holds."""
+
+
+def binary_array(values: list[bytes | None]) -> pa.Array:
+    """``values`` as a ``binary`` array, its bytes copied in one join.
+
+    ``pa.array`` appends the values one at a time to a growing buffer: for a fetch of 1-KiB
+    values, most of a poll's time. Joined, the data is one copy, and the offsets are the
+    running sum of the lengths. With a null among the values (a tombstone, a record without
+    a key), or more data than 32-bit offsets reach, ``pa.array`` builds it.
+    """
+    if values.count(None):
+        return pa.array(values, pa.binary())
+    present = cast("list[bytes]", values)
+    data = b"".join(present)
+    if len(data) > _MAX_BINARY_BYTES:
+        return pa.array(values, pa.binary())
+    offsets = pa.array(itertools.accumulate(map(len, present), initial=0), pa.int32())
+    return pa.Array.from_buffers(
+        pa.binary(), len(values), [None, offsets.buffers()[1], pa.py_buffer(data)]
+    )
 
 
 def _headers(headers: Sequence[_Headers | None]) -> pa.Array:

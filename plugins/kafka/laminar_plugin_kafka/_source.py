@@ -317,17 +317,30 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         return True
 
     def _absorb(self, reader: _Reader, messages: list[Message]) -> None:
-        """File fetched records by partition; note where partitions ended."""
+        """File fetched records by partition; note where partitions ended.
+
+        A fetch returns runs of records of one partition: what is done once per partition
+        (is it still assigned, it is no longer at its end) is done once per run.
+        """
+        run_key: tuple[str, int] | None = None
+        run: list[Message] | None = None  # the buffer of run_key; None: not assigned
         for message in messages:
             key = (message.topic() or "", message.partition() or 0)
             error = message.error()
+            if error is None:
+                if key != run_key:
+                    run_key, run = key, None
+                    if key in reader.assigned:  # else fetched before a rebalance took it away
+                        run = reader.buffers.setdefault(key, [])
+                        reader.at_end.discard(key)
+                        reader.pending_end.pop(key, None)
+                if run is not None:
+                    run.append(message)
+                continue
+            run_key = None  # an event between records: the next record starts a run anew
             if key not in reader.assigned:
                 continue  # fetched before a rebalance took the partition away
-            if error is None:
-                reader.buffers.setdefault(key, []).append(message)
-                reader.at_end.discard(key)
-                reader.pending_end.pop(key, None)
-            elif error.code() == KafkaError._PARTITION_EOF:
+            if error.code() == KafkaError._PARTITION_EOF:
                 end = message.offset() or 0
                 reader.at_end.add(key)
                 if reader.buffers.get(key):

@@ -15,6 +15,7 @@ from kafka_testing import CLIENT_LOGGER, wait_until_visible
 from laminar_sdk import ConnectorRegistry, ReadError, SerdeError, SourceCheckpoint, SourceConnector
 
 from laminar_plugin_kafka import HEADERS_TYPE
+from laminar_plugin_kafka._records import binary_array
 
 
 def config(kafka, topic: str, **extra: str) -> dict[str, str]:
@@ -435,3 +436,16 @@ def test_a_partition_added_while_the_source_reads_is_read_from_its_beginning(kaf
     assert before == ([] if latest else [b"1", b"2"])
     assert sorted(after) == [b"3", b"4", b"5"], "the new partition's records, from its first"
     assert checkpoint.offsets == {f"{topic}/0": "3", f"{topic}/1": "2"}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[b"ab", b"", b"xyz"], [], [b"a", None, b""], [None, None], [bytes(range(256)) * 8] * 3],
+    ids=["values", "none", "a-null", "all-null", "binary"],
+)
+def test_a_fetch_s_values_become_a_binary_column_unchanged(values):
+    # Joined in one copy (what the poll loop spends most on), or built by pa.array with nulls.
+    column = binary_array(list(values))
+    column.validate(full=True)
+    assert column.type == pa.binary()
+    assert column.to_pylist() == values
