@@ -16,6 +16,7 @@ from laminar_sdk import (
     ConnectorRole,
     SchemaMismatch,
 )
+from laminar_sdk._cli import main
 
 from laminar_plugin_kafka._client import LIBRDKAFKA_LOGGER, client_config
 from laminar_plugin_kafka._config import ClientSettings, sink_settings
@@ -220,3 +221,23 @@ def test_librdkafka_notes_about_keys_for_the_other_kind_of_client_are_dropped(ca
         )
         LIBRDKAFKA_LOGGER.warning("FAIL [rdkafka#producer-1] [thrd:main]: Connection refused")
     assert [record.getMessage()[:4] for record in caplog.records] == ["FAIL"]
+
+
+def test_run_check_connect_names_an_unreachable_broker_as_the_run_would(tmp_path, capsys):
+    # `laminar run --check` cannot know; `--connect` opens the source and gets the run's error.
+    bootstrap = closed_port()
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(
+        f'[source]\nconnector = "kafka"\n"bootstrap.servers" = "{bootstrap}"\ntopic = "t"\n'
+        f'"timeout.ms" = 2000\n"kafka.sasl.password" = "{SECRET}"\n\n'
+        '[sink]\nconnector = "memory"\npath = "out"\n\n[pipeline]\ncheckpoint_location = "s"\n'
+    )
+    assert main(["run", "--check", str(pipeline)]) == 0
+    assert main(["run", "--check", "--connect", str(pipeline)]) == 2
+    shown = capsys.readouterr()
+    expected = (
+        "laminar: error: kafka source: cannot read the cluster's metadata: the brokers at "
+        f"bootstrap.servers={bootstrap} did not answer within 2s"
+    )
+    assert expected in shown.err, shown.err
+    assert SECRET not in shown.out + shown.err
