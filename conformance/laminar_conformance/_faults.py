@@ -303,6 +303,15 @@ def dropping_what_crashes_left() -> Iterator[None]:
             gc.collect()
 
 
+class KillNotReached(AssertionError):
+    """The child process ran its epochs to their end without reaching its kill.
+
+    For a point the connector's calling thread reaches, a kit error; for one reached in a task
+    or thread the connector starts itself, the scheduler's choice (see
+    :func:`~laminar_conformance._inside_crashes.crash_at_chosen_points`).
+    """
+
+
 class FaultPlan:
     """Faults to inject, each the first time its point is reached.
 

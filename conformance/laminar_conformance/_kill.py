@@ -46,6 +46,7 @@ from laminar_conformance._faults import (
     FaultPlan,
     FaultPoint,
     FaultySink,
+    KillNotReached,
     TraceEvent,
     with_watched_threads,
 )
@@ -165,10 +166,13 @@ def _run_killed(
             f"the child process meant to be killed at {point} did not get there within "
             f"{CHILD_TIMEOUT_S:.0f} s (is a connector call hanging?); what it printed:\n{printed}"
         )
+    if returncode == _NOT_REACHED:
+        raise KillNotReached(
+            f"the child process meant to be killed at {point} ended without reaching it; what "
+            f"it printed:\n{printed}"
+        )
     if returncode != -signal.SIGKILL:
-        if returncode == _NOT_REACHED:
-            what = "ended without reaching it"
-        elif returncode < 0:
+        if returncode < 0:
             what = f"died of signal {-returncode}, which the kit did not send (a fault in C?)"
         else:
             what = f"failed with exit status {returncode}"

@@ -19,8 +19,16 @@ import lmdb
 import pytest
 import sink_code
 from laminar_conformance._call_sites import _EXECUTOR, CallWatcher, ConnectorCode, FrameTracer
-from laminar_conformance._faults import Fault, FaultPlan, FaultPoint, with_watched_threads
-from laminar_conformance._inside_crashes import chosen_points, site_of
+from laminar_conformance._faults import (
+    Fault,
+    FaultPlan,
+    FaultPoint,
+    KillNotReached,
+    TraceEvent,
+    with_watched_threads,
+)
+from laminar_conformance._figures import Figures
+from laminar_conformance._inside_crashes import chosen_points, crash_at_chosen_points, site_of
 from laminar_conformance._profiles import PROFILES
 from sink_code import (
     commit_in_an_executor,
@@ -279,3 +287,32 @@ def test_what_an_executor_job_does_outside_the_sinks_code_marks_the_site_that_ha
     worker.start()
     worker.join()
     assert awaiting.impure
+
+
+@pytest.mark.parametrize("in_own_task", [True, False], ids=["own-task", "calling-thread"])
+def test_a_kill_the_child_did_not_reach_fails_only_at_a_point_of_the_calling_thread(in_own_task):
+    # When a task or thread of the connector's own runs is the scheduler's choice: a child
+    # run that did not reach such a point is no verdict; the calling thread's points always
+    # come, so missing one is the kit's error.
+    found = FaultPlan([], discovering=True)
+    point = (
+        inside("checkpoint", "consumer.poll() at _client.py:279 in consume_ready"),
+        Fault.CRASH_BEFORE,
+    )
+    found.reached_inside[point] = {3}
+    if in_own_task:
+        found.in_own_tasks.add(point)
+    found.trace.append(TraceEvent(0, "checkpoint", 3, "ok"))
+    figures = Figures()
+
+    def check_run(points: list[FaultPoint], killed_at: FaultPoint | None) -> list[FaultPoint]:
+        if killed_at is not None:
+            raise KillNotReached(f"the child process meant to be killed at {killed_at} ended")
+        return points
+
+    if in_own_task:
+        crash_at_chosen_points(found, PROFILES["quick"], 1, figures, check_run)
+        assert "crashed at 0 in process and 0 killed" in figures.crash_points
+    else:
+        with pytest.raises(AssertionError, match="killed with SIGKILL in a child process"):
+            crash_at_chosen_points(found, PROFILES["quick"], 1, figures, check_run)
