@@ -37,9 +37,9 @@ def _option(text: str) -> tuple[str, str]:
 def _open(args: argparse.Namespace, location: str | None = None) -> Checkpointer:
     """The store at ``location``, by default the command's ``LOCATION`` (never a read log)."""
     if location is None:
-        _refuse_a_read_log(args.location)
-    where = args.location if location is None else location
-    return open_checkpointer(where, store=args.store, options=dict(args.option or ()))
+        location = args.location
+        _refuse_a_read_log(location)
+    return open_checkpointer(location, store=args.store, options=dict(args.option or ()))
 
 
 def _read_log_location(location: str) -> str:

@@ -84,20 +84,14 @@ def check_pipeline(
     checked += _delivery(pipeline, registry)
     if connect:
         checked += connect_pipeline(pipeline, registry)
-    transform = "the SQL transform: it needs Spark, and is checked when the pipeline starts"
-    if not connect:
-        transform = (
-            "the SQL transform and connections to external systems: they need Spark and open "
-            "connectors (--connect opens them), and are checked when the pipeline starts"
-        )
-    connections = (
-        "connections to external systems: they need open connectors (--connect opens them), "
-        "and are checked when the pipeline starts"
-    )
+    unchecked = []
     if pipeline.transform_sql is not None:
-        checked.append(CheckedItem("not checked", transform))
-    elif not connect:
-        checked.append(CheckedItem("not checked", connections))
+        unchecked.append("the SQL transform (it needs Spark)")
+    if not connect:
+        unchecked.append("connections to external systems (--connect opens the connectors)")
+    if unchecked:
+        found = f"{' and '.join(unchecked)}: checked when the pipeline starts"
+        checked.append(CheckedItem("not checked", found))
     return checked
 
 
