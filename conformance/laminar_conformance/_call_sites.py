@@ -485,13 +485,14 @@ class CallWatcher:
         """Where this runs, if apart from the call: a thread or a task the connector started.
 
         ``"thread"``: not the caller's thread, nor an executor thread of the loop (which
-        marks itself in ``_EXECUTOR`` while it runs a job). ``"task"``: in the caller's
+        marks itself in ``_EXECUTOR`` while it runs a job: it is apart as the code that handed
+        the job over was). ``"task"``: in the caller's
         thread, an asyncio task whose coroutine is the connector's own
         (``asyncio.create_task(self._fetch())``). A crash raised in either would end that
         thread or task, not the call, which may wait for it: only a real kill stops both.
         """
         if threading.get_ident() != self.calling_thread:
-            return None if _EXECUTOR.flag else "thread"
+            return _EXECUTOR.apart if _EXECUTOR.flag else "thread"
         try:
             task = asyncio.current_task()
         except RuntimeError:  # no running loop
@@ -594,6 +595,7 @@ def _opaque_is_pure(code: types.CodeType, offset: int, frame: types.FrameType) -
 class _ExecutorState(threading.local):
     flag = False
     submitter: FrameTracer | None = None
+    apart: Apart | None = None
 
 
 _EXECUTOR = _ExecutorState()

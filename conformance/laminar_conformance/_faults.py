@@ -85,13 +85,15 @@ def _watching_this_thread() -> Iterator[None]:
         sys.settrace(previous[1])
 
 
-def _run_watched(job: list[Callable[[], T]], submitter: FrameTracer | None) -> T:
+def _run_watched(
+    job: list[Callable[[], T]], submitter: FrameTracer | None, handed_over_by: Apart | None
+) -> T:
     # The job is taken out of the list the thread pool's work item holds, so that once the
     # call is over no reference to it (and to the sink behind it) is left in this thread.
     function = job.pop()
     if not _WATCHERS:  # submitted outside a sink call: nothing to watch for
         return function()
-    _EXECUTOR.flag, _EXECUTOR.submitter = True, submitter
+    _EXECUTOR.flag, _EXECUTOR.submitter, _EXECUTOR.apart = True, submitter, handed_over_by
     try:
         with _watching_this_thread():
             return function()
@@ -103,7 +105,7 @@ def _run_watched(job: list[Callable[[], T]], submitter: FrameTracer | None) -> T
         del function
         raise crash.with_traceback(None) from None
     finally:
-        _EXECUTOR.flag, _EXECUTOR.submitter = False, None
+        _EXECUTOR.flag, _EXECUTOR.submitter, _EXECUTOR.apart = False, None, None
 
 
 class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
@@ -115,8 +117,11 @@ class _WatchedExecutor(concurrent.futures.ThreadPoolExecutor):
         job: list[Callable[[], T]] = [functools.partial(fn, *args, **kwargs)]
         # What the job does belongs to the connector's site that handed it over (``await
         # asyncio.to_thread(connection.commit)`` has no frame of the connector in the thread).
-        submitter = innermost_site(_WATCHERS[-1] if _WATCHERS else None)
-        return super().submit(_run_watched, job, submitter)
+        # A job handed over by a task the connector started runs when that task does.
+        watcher = _WATCHERS[-1] if _WATCHERS else None
+        submitter = innermost_site(watcher)
+        handed_over_by = None if watcher is None else watcher.apart()
+        return super().submit(_run_watched, job, submitter, handed_over_by)
 
 
 async def with_watched_threads(scenario: Awaitable[T], *, own_threads: bool = False) -> T:

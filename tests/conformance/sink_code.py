@@ -75,3 +75,12 @@ async def publish_in_a_task(path: Path) -> None:
 
 async def _publish_later(path: Path) -> None:
     publish(path)
+
+
+async def publish_in_a_task_through_an_executor(path: Path) -> None:
+    """A task the sink starts hands the work to the loop's executor, and the call waits."""
+    await asyncio.get_running_loop().create_task(_publish_in_an_executor(path))
+
+
+async def _publish_in_an_executor(path: Path) -> None:
+    await asyncio.to_thread(publish, path)

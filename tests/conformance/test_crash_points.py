@@ -36,6 +36,7 @@ from sink_code import (
     line_of,
     publish,
     publish_in_a_task,
+    publish_in_a_task_through_an_executor,
     put_in_lmdb,
     writer,
 )
@@ -160,6 +161,21 @@ def test_calls_in_the_event_loops_executor_threads_are_points_too(tmp_path):
 
     asyncio.run(with_watched_threads(commit_epoch_in_a_thread()))
     assert inside("commit_epoch", FIRST_COMMIT) in reached_before(plan)
+    assert not plan.in_own_threads
+
+
+def test_an_executor_job_handed_over_by_a_task_the_sink_started_is_apart_as_the_task(tmp_path):
+    # The job runs when the task does, which the scheduler decides: only a real kill there.
+    plan = FaultPlan([], discovering=True)
+
+    async def commit_epoch() -> None:
+        with plan.inside("commit_epoch", 4, SINK_CODE):
+            await publish_in_a_task_through_an_executor(tmp_path / "a.db")
+
+    asyncio.run(with_watched_threads(commit_epoch()))
+    handed_over = {point for point in plan.reached_inside if "create_task()" not in point[0]}
+    assert handed_over, "the executor's job reaches points"
+    assert handed_over == plan.in_own_tasks
     assert not plan.in_own_threads
 
 
