@@ -11,16 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
-from laminar_sdk._checkpointing.errors import CheckpointStoreError
-from laminar_sdk._checkpointing.ids import CheckpointId
+from laminar_sdk._checkpointing.errors import CheckpointNotFound, CheckpointStoreError
+from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
 from laminar_sdk._checkpointing.recovery import mark_committed, verify_checkpoint
 from laminar_sdk._checkpointing.registry import open_checkpointer
 from laminar_sdk._errors import CheckpointError, ConfigurationError
 from laminar_sdk._spark.read_log import (
-    READ_LOG_DIRECTORY,
     LoggedMicroBatch,
     damaged_slices,
+    laminar_location_of,
+    read_log_location,
     slices_in_offset_log,
 )
 from laminar_sdk._terminal import format_table
@@ -42,21 +43,17 @@ def _open(args: argparse.Namespace, location: str | None = None) -> Checkpointer
     return open_checkpointer(location, store=args.store, options=dict(args.option or ()))
 
 
-def _read_log_location(location: str) -> str:
-    return f"{location.rstrip('/')}/{READ_LOG_DIRECTORY}"
-
-
 def _refuse_a_read_log(location: str) -> None:
     """Raise when ``location`` is a read log: its entries are not checkpoints."""
-    if location.rstrip("/").rpartition("/")[2] != READ_LOG_DIRECTORY:
+    laminar = laminar_location_of(location)
+    if laminar is None:
         return
-    laminar = location.rstrip("/").rpartition("/")[0]
     raise ConfigurationError(
-        f"{location} is a polled source's read log, whose entries are not checkpoints: each "
-        "holds the only copy of a micro-batch's records until Spark commits it, so setting "
-        f"one aside cannot help. `laminar checkpoints verify {laminar}` checks the read log "
-        "with the checkpoints, naming the micro-batch of each damaged slice and whether Spark "
-        "still needs it",
+        f"{location} is a polled source's read log, whose entries are not checkpoints. Give "
+        f"the laminar location instead: `laminar checkpoints verify {laminar}` checks the "
+        "read log with the checkpoints, naming the micro-batch of each damaged slice and "
+        f"whether Spark still needs it; `laminar checkpoints quarantine {laminar} ENTRY` sets "
+        "a damaged entry aside",
         key="LOCATION",
     )
 
@@ -271,7 +268,7 @@ async def _read_log_intact(args: argparse.Namespace) -> bool:
     otherwise it must decode. A damaged slice of a micro-batch Spark committed is no longer
     needed (the next commit deletes it).
     """
-    store = _open(args, _read_log_location(args.location))
+    store = _open(args, read_log_location(args.location))
     stored = await store.list_artifacts()
     if not stored:
         return True
@@ -288,7 +285,7 @@ async def _read_log_intact(args: argparse.Namespace) -> bool:
     )
     damaged = await damaged_slices(store, named)
     print(f"read log at {store.location}: {len(stored)} slice(s) checked {how}")
-    needed = []
+    needed: dict[CheckpointId, None] = {}
     for path, why in damaged:
         logged = named.get(path)
         batch = f" (micro-batch {logged.micro_batch})" if logged else ""
@@ -296,16 +293,39 @@ async def _read_log_intact(args: argparse.Namespace) -> bool:
             print(f"    {path}{batch} {why}: no longer needed, Spark committed it")
             continue
         print(f"    BAD {path}{batch} {why}")
-        needed.append(path)
+        needed[parse_artifact_path(path).checkpoint_id] = None
     if not needed:
         return True
+    entries = " ".join(str(entry) for entry in needed)
     print(
-        f"FAILED: {len(needed)} damaged read-log slice(s): a micro-batch Spark has not "
-        "committed cannot be run again with its first run's records. Restore the laminar "
-        "location from a backup taken with Spark's checkpoint, or delete both locations to "
-        "start the query over (setting an entry aside cannot help: it holds the only copy)"
+        f"FAILED: {len(needed)} read-log entr{'y' if len(needed) == 1 else 'ies'} with damaged "
+        "slices, of micro-batches Spark has not committed. Set them aside with `laminar "
+        f"checkpoints quarantine {args.location} {entries}` and restart: a source that can "
+        "replay reads those micro-batches again, restored to their start offsets, and the run "
+        "delivers them only if the source reaches the end offsets Spark logged (else it says "
+        "so). For a source that cannot replay, restore the laminar location from a backup "
+        "taken with Spark's checkpoint, or delete both locations to start the query over"
     )
     return False
+
+
+async def _quarantine_read_log_entry(args: argparse.Namespace, entry: CheckpointId) -> bool:
+    """Set the read-log entry ``entry`` aside; ``False`` when the read log holds no such entry."""
+    log = _open(args, read_log_location(args.location))
+    try:
+        moved = await log.quarantine_checkpoint(entry)
+    except CheckpointNotFound:
+        return False
+    print(f"set read-log entry {entry} aside: {len(moved)} file(s) moved to")
+    for path in moved:
+        print(f"  {path} (at {log.location})")
+    print(
+        "the next run reads its micro-batch again from the source if the source can replay: "
+        "restored to the micro-batch's start offset, and delivered only if it reaches the end "
+        "offset Spark logged; otherwise the run fails saying why (restore the laminar location "
+        "from a backup taken with Spark's checkpoint then)"
+    )
+    return True
 
 
 def _listed(directory: Path) -> list[Path]:
@@ -316,7 +336,12 @@ async def _checkpoints_quarantine(args: argparse.Namespace) -> int:
     store = _open(args)
     ids = [CheckpointId.parse(text) for text in args.checkpoints]
     for checkpoint_id in ids:
-        moved = await store.quarantine_checkpoint(checkpoint_id)
+        try:
+            moved = await store.quarantine_checkpoint(checkpoint_id)
+        except CheckpointNotFound:
+            if not await _quarantine_read_log_entry(args, checkpoint_id):
+                raise
+            continue
         print(f"set checkpoint {checkpoint_id} aside: {len(moved)} file(s) moved to")
         for path in moved:
             print(f"  {path}")
@@ -381,7 +406,9 @@ def add_checkpoint_commands(commands: argparse._SubParsersAction[argparse.Argume
         parents=[where],
         help="set corrupted checkpoints aside (moved under quarantine/, never loaded again)",
     )
-    quarantine.add_argument("checkpoints", nargs="+", metavar="ID", help="a checkpoint id")
+    quarantine.add_argument(
+        "checkpoints", nargs="+", metavar="ID", help="a checkpoint id, or a read-log entry's"
+    )
     quarantine.set_defaults(handler=_handler(_checkpoints_quarantine))
     mark = checkpoint_commands.add_parser(
         "mark-committed",

@@ -78,7 +78,9 @@ class LaminarDataSource(DataSource):
         """
         options, source = self._source()
         if source.as_range_readable() is None:
-            return LaminarPolledReader(options, arrow_schema(schema))
+            return LaminarPolledReader(
+                options, arrow_schema(schema), replayable=source.supports_replay()
+            )
         return LaminarRangeReader(options, arrow_schema(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> LaminarStreamWriter:  # noqa: N802 - Spark's name

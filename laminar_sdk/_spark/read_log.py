@@ -26,6 +26,12 @@ big the micro-batch.
 
 A crash between the poll and Spark's offset log leaves an entry no offset names; it is deleted
 by a later commit once it is older than :data:`ORPHAN_GRACE_S`.
+
+An entry that is gone when Spark runs its micro-batch again — set aside with ``laminar
+checkpoints quarantine`` because a slice was damaged, or lost with the location — is read
+again from the source when the source can replay (see
+:class:`~laminar_sdk._spark.reader.LaminarPolledReader`): restored to the micro-batch's start
+offset, it must return the entry's number of records and reach the end offset Spark logged.
 """
 
 from __future__ import annotations
@@ -124,22 +130,64 @@ class ReadLogEntry:
         return entry
 
 
+def read_log_location(laminar_location: str) -> str:
+    """Where the read log of the laminar checkpoint location ``laminar_location`` is."""
+    return f"{laminar_location.rstrip('/')}/{READ_LOG_DIRECTORY}"
+
+
+def laminar_location_of(location: str) -> str | None:
+    """The laminar checkpoint location whose read log ``location`` is, ``None`` for another."""
+    parent, _, name = location.rstrip("/").rpartition("/")
+    return parent if name == READ_LOG_DIRECTORY and parent else None
+
+
 class ReadLog:
     """The read log of one source in one laminar checkpoint location.
 
     :param store: the checkpoint store at ``<laminar checkpoint location>/read-log``.
     :param source: the source connector's name: its entries are kept under it.
+    :param replayable: whether the source can replay a micro-batch whose entry is gone (its
+        ``supports_replay()``): its errors then say how to have it read again.
     """
 
-    def __init__(self, store: Checkpointer, source: str) -> None:
+    def __init__(self, store: Checkpointer, source: str, *, replayable: bool = False) -> None:
         self._store = store
         self._source = source
+        self._replayable = replayable
         self._operator = connector_space("source", source)
 
     @property
     def location(self) -> str:
         """Where the log is, safe to show."""
         return self._store.location
+
+    async def holds(self, entry: ReadLogEntry) -> bool:
+        """Whether every slice of ``entry`` is stored (not whether it is intact)."""
+        stored = set(await self._store.list_artifacts())
+        return all(logged.path in stored for logged in entry.slices)
+
+    def way_back(self, entry_id: CheckpointId, *, gone: bool = False) -> str:
+        """What to do about a damaged entry (or one ``gone`` already), for an error message."""
+        if self._replayable:
+            laminar = laminar_location_of(self.location) or "LAMINAR_LOCATION"
+            first = (
+                "Restart the query"
+                if gone
+                else f"Set the entry aside with `laminar checkpoints quarantine {laminar} "
+                f"{entry_id}` and restart"
+            )
+            return (
+                f"{first}: the micro-batch is then read again from source {self._source!r}, "
+                "restored to its start offset, and delivered if the source reaches the end "
+                "offset its first run reached (else the run says so). Or restore the laminar "
+                "checkpoint location from a backup taken with Spark's checkpoint"
+            )
+        return (
+            f"Source {self._source!r} cannot replay (its supports_replay() is False), so "
+            "this entry holds the only copy of those records: restore the laminar checkpoint "
+            "location from a backup taken with Spark's checkpoint, or delete both to start "
+            "the query over"
+        )
 
     async def append(
         self, batches: Iterable[pa.RecordBatch] | AsyncIterable[pa.RecordBatch], schema: pa.Schema
@@ -190,19 +238,17 @@ class ReadLog:
         except CheckpointNotFound as error:
             raise ReadError(
                 f"source {self._source!r}: the records of this micro-batch are gone from the "
-                f"read log ({logged.path} at {self.location}), so it cannot be run again with "
-                "the records its first run read. The laminar checkpoint location was deleted, "
-                "changed or restored from an older backup while Spark's checkpoint was kept: "
-                "keep (and restore) the two together, or delete both to start the query over"
+                f"read log ({logged.path} at {self.location}) while it was being read. The "
+                "laminar checkpoint location was deleted, changed or restored from an older "
+                "backup while Spark's checkpoint was kept. "
+                + self.way_back(parse_artifact_path(logged.path).checkpoint_id, gone=True)
             ) from error
         except CheckpointCorrupted as error:
             raise ReadError(
                 f"source {self._source!r}: the read log's record of this micro-batch is "
                 f"corrupted ({logged.path} at {self.location} fails its SHA-256 check), so it "
-                "cannot be run again with the records its first run read. Restore the laminar "
-                "checkpoint location from a backup taken with Spark's checkpoint, or delete "
-                "both to start the query over; setting the entry aside (`laminar checkpoints "
-                "quarantine`) cannot help, it holds the only copy of those records"
+                "cannot be read as its first run read it. "
+                + self.way_back(parse_artifact_path(logged.path).checkpoint_id)
             ) from error
         return pa.ipc.open_stream(pa.py_buffer(data))
 

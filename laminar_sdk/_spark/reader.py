@@ -20,7 +20,9 @@ unconverted).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from laminar_sdk._checkpoint import SourceCheckpoint
+from laminar_sdk._checkpointing.ids import CheckpointId
 from laminar_sdk._connector import SourceConnector
 from laminar_sdk._errors import InvalidState, ReadError
 from laminar_sdk._parallel import PartitionRange, RangeReadableSource
@@ -300,6 +303,18 @@ class LoggedInputPartition(InputPartition):
     slice: LoggedSlice
 
 
+@dataclass(frozen=True)
+class ReplayedInputPartition(InputPartition):
+    """A polled micro-batch whose read-log entry is gone, read again from the source whole.
+
+    :param start: the micro-batch's start offset.
+    :param end: its end offset, which names the entry (and so its number of records).
+    """
+
+    start: Offset
+    end: Offset
+
+
 class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Reads a source that is not range-readable: polled once per micro-batch, then logged.
 
@@ -312,16 +327,27 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     *after* it. The micro-batch's tasks — and a re-run after a crash, which never polls — read
     the logged slices, in parallel; :meth:`commit` deletes the entry once Spark committed it.
 
+    A micro-batch this reader did not plan (Spark runs it again after a restart) whose entry
+    is gone — set aside because a slice was damaged, or lost — is read again from a source
+    that can replay, by one task (:class:`ReplayedInputPartition`): restored to the start
+    offset, the source is polled for the entry's number of records, and they are delivered
+    only if it then stands at the end offset (the same records, for a source whose offsets
+    name its records). Otherwise the task fails, saying which check the source did not pass;
+    a source that interleaves several partitions as data arrives may not pass it.
+
     :param options: the validated options of the read side, with a checkpoint location.
     :param schema: the Arrow schema Spark expects the batches in.
+    :param replayable: whether the source can replay (its ``supports_replay()``).
     """
 
-    def __init__(self, options: BridgeOptions, schema: pa.Schema) -> None:
+    def __init__(self, options: BridgeOptions, schema: pa.Schema, *, replayable: bool) -> None:
         if options.checkpoint_location is None:
             raise InvalidState("a checkpoint location to keep the read log in", "none")
         self._options = options
         self._schema = schema
+        self._replayable = replayable
         self._record_size = fixed_record_bytes(schema)
+        self._planned: set[CheckpointId] = set()
 
     def initialOffset(self) -> Offset:  # noqa: N802 - Spark's name
         """The checkpoint of the freshly opened source: where a new query starts."""
@@ -344,21 +370,45 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return start if planned is None else planned
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
-        """One partition per slice of the micro-batch's read-log entry."""
-        _, entry = split_offset(end)
-        if entry is None:
+        """One partition per slice of the micro-batch's read-log entry.
+
+        For a micro-batch this reader did not plan whose entry is gone: one partition that
+        reads it again from the source (:class:`ReplayedInputPartition`).
+
+        :raises ReadError: when the entry is gone and the source cannot replay.
+        """
+        entry = self._entry_of(end)
+        if entry.checkpoint_id in self._planned or run(self._read_log().holds(entry)):
+            return [LoggedInputPartition(logged) for logged in entry.slices]
+        if not self._replayable:
             raise ReadError(
-                f"source {self._options.connector!r}: the end offset of this micro-batch names "
-                "no read-log entry. It was planned by an older laminar SDK, which did not log "
-                "what a polled source read: finish the query with that version, or start it over"
+                f"source {self._options.connector!r}: the records of this micro-batch (read-log "
+                f"entry {entry.checkpoint_id}) are gone from the read log at "
+                f"{self._read_log().location}: set aside, or the laminar checkpoint location "
+                "was deleted or restored from an older backup while Spark's checkpoint was "
+                f"kept. {self._read_log().way_back(entry.checkpoint_id, gone=True)}"
             )
-        return [LoggedInputPartition(logged) for logged in entry.slices]
+        logger.warning(
+            "source %r: read-log entry %s is not in %s; reading its %d record(s) again from "
+            "the source",
+            self._options.connector,
+            entry.checkpoint_id,
+            self._read_log().location,
+            entry.rows,
+        )
+        return [ReplayedInputPartition(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The records of one slice, as the micro-batch's first run logged them.
 
-        :raises ReadError: when the slice is gone or corrupted, naming it.
+        Or, for a :class:`ReplayedInputPartition`, the micro-batch's records read again from
+        the source.
+
+        :raises ReadError: when the slice is gone or corrupted, naming it; when the source
+            does not replay the micro-batch it read, saying how it differs.
         """
+        if isinstance(partition, ReplayedInputPartition):
+            return iterate(self._replayed(partition))
         if not isinstance(partition, LoggedInputPartition):
             raise InvalidState("a LoggedInputPartition", repr(partition))
         return iter(run(self._read_log().read(partition.slice)))
@@ -367,6 +417,7 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Delete the read-log entry of a micro-batch Spark committed (and older orphans)."""
         _, entry = split_offset(end)
         if entry is not None:
+            self._planned.discard(entry.checkpoint_id)
             run(self._read_log().discard(entry))
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 - Spark's name
@@ -378,7 +429,41 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
 
     def _read_log(self) -> ReadLog:
-        return ReadLog(checkpointer_of(self._options, READ_LOG_DIRECTORY), self._options.connector)
+        store = checkpointer_of(self._options, READ_LOG_DIRECTORY)
+        return ReadLog(store, self._options.connector, replayable=self._replayable)
+
+    def _entry_of(self, end: Offset) -> ReadLogEntry:
+        _, entry = split_offset(end)
+        if entry is None:
+            raise ReadError(
+                f"source {self._options.connector!r}: the end offset of this micro-batch names "
+                "no read-log entry. It was planned by an older laminar SDK, which did not log "
+                "what a polled source read: finish the query with that version, or start it over"
+            )
+        return entry
+
+    async def _replayed(self, partition: ReplayedInputPartition) -> AsyncIterator[pa.RecordBatch]:
+        start, _ = split_offset(partition.start)
+        end, _ = split_offset(partition.end)
+        entry, connector = self._entry_of(partition.end), self._options.connector
+        replayed = 0
+        async with opened_source(self._options) as source:
+            await source.restore(start)
+            declared = source.schema()
+            async for batch in replay_micro_batch(source, entry.rows, self._record_size):
+                replayed += batch.num_rows
+                yield conform_source_batch(batch, declared, self._schema, connector)
+            reached = source.checkpoint()
+        if replayed != entry.rows or reached.to_dict() != end.to_dict():
+            raise ReadError(
+                f"source {connector!r}: read again from the start offset of a micro-batch whose "
+                f"read-log entry ({entry.checkpoint_id}) is gone, the source returned "
+                f"{replayed} of the {entry.rows} record(s) its first run read and stands at "
+                f"{reached.to_dict()}, not at the end offset Spark logged ({end.to_dict()}): it "
+                "did not replay the same records, so they are not delivered. Restore the "
+                "laminar checkpoint location from a backup taken with Spark's checkpoint, or "
+                "delete both to start the query over"
+            )
 
     async def _initial(self) -> SourceCheckpoint:
         async with opened_source(self._options) as source:
@@ -398,6 +483,7 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not entry.slices:
                 return None
             reached = source.checkpoint()
+        self._planned.add(entry.checkpoint_id)
         return logged_offset(reached, entry)
 
 
@@ -432,6 +518,38 @@ async def poll_micro_batch(
         if requested is not None and requested.is_set():
             requested.clear()
             return
+
+
+REPLAY_PATIENCE_S = 30.0
+"""How long a source read again may go without returning a record before the replay ends."""
+
+
+async def replay_micro_batch(
+    source: SourceConnector, rows: int, record_size: float | None = None
+) -> AsyncIterator[pa.RecordBatch]:
+    """Poll a restored ``source`` for ``rows`` records, never asking for more than are left.
+
+    A poll that returns nothing is repeated (the records may still be on their way: a client
+    that fetches in the background) until :data:`REPLAY_PATIENCE_S` pass without a record.
+    The source's requests for a checkpoint are cleared: a replay ends at ``rows`` only.
+    """
+    requested = source.checkpoint_requested()
+    bounds = MicroBatchBounds(rows, None)
+    records = size = 0
+    idle_since = time.monotonic()
+    while (asked := _records_to_ask(bounds, records, size, record_size)) > 0:
+        if requested is not None:
+            requested.clear()
+        polled = await source.poll_batch(asked)
+        if polled is None or not polled.num_rows:
+            if time.monotonic() - idle_since > REPLAY_PATIENCE_S:
+                return
+            await asyncio.sleep(0.05)
+            continue
+        idle_since = time.monotonic()
+        records += polled.num_rows
+        size += polled.records.nbytes
+        yield polled.records
 
 
 def _records_to_ask(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pyarrow as pa
@@ -290,8 +292,12 @@ def test_verify_checks_the_read_log_against_spark_s_offset_log(tmp_path, capsys,
     else:
         assert status == 1, out
         assert f"BAD {slices[1]} (micro-batch 1) fails the SHA-256 check" in out
-        assert "FAILED: 1 damaged read-log slice(s)" in out
-        assert "quarantine" not in out.split("FAILED")[1].replace("setting an entry aside", "")
+        assert "FAILED: 1 read-log entry with damaged slices" in out
+        # The way back it gives: the entry set aside (the next run reads it from the source).
+        (command,) = re.findall(r"`laminar (checkpoints quarantine [^`]+)`", out)
+        assert main(shlex.split(command)) == 0
+        assert "set read-log entry" in capsys.readouterr().out
+        assert main(["checkpoints", "verify", laminar]) == 0
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,10 @@ is not deterministic at all: the micro-batch Spark re-runs must hold its first r
 from __future__ import annotations
 
 import random
+import re
+import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -142,3 +146,45 @@ def test_a_re_run_holds_its_first_runs_records_even_from_a_source_that_is_not_de
     re_run = epoch_ids(tmp_path / "sink", RE_RUN)
     assert len(re_run) == 25
     assert all(issued[i] < crash_ended for i in re_run), "the first run's records, not new ones"
+
+
+# Nightly (`tox -e full`): three Spark drivers.
+@pytest.mark.full
+def test_a_damaged_read_log_entry_set_aside_is_read_again_from_the_source(
+    tmp_path: Path, spool_site: str
+) -> None:
+    # One partition: polled again from the micro-batch's start offset, the source returns the
+    # same records first, whatever arrived since.
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    appender = Appender(spool, partitions=1)
+    appender.add(50)
+    pipeline = spool_pipeline(tmp_path)
+    killed = run_in_child(pipeline, tmp_path, "killed", crash="write:0", python_path=(spool_site,))
+    assert killed.crashed, killed.tail()
+    appender.add(20)
+    (logged,) = (tmp_path / "checkpoint" / "laminar" / "read-log").rglob("*.snap")
+    damage_file(logged, Corruption.FLIP_BYTE)
+
+    refused = run_in_child(pipeline, tmp_path, "refused", python_path=(spool_site,))
+
+    assert refused.returncode != 0
+    log = refused.log.read_text(errors="replace")
+    assert "fails its SHA-256 check" in log, refused.tail()
+    commands = set(re.findall(r"`(laminar checkpoints quarantine /[^`]+)`", log))
+    assert len(commands) == 1, commands
+    repair = subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", *shlex.split(commands.pop())[1:]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    assert "set read-log entry" in repair.stdout
+
+    resumed = run_in_child(pipeline, tmp_path, "resumed", python_path=(spool_site,))
+
+    assert resumed.returncode == 0, resumed.tail()
+    assert "reading its 50 record(s) again from the source" in resumed.log.read_text()
+    delivered = MemorySink.committed_ids(tmp_path / "sink")
+    assert_exactly_once(appender.appended, delivered, "after the read-log entry was set aside")

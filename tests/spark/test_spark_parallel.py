@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import pickle
+import re
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -35,11 +37,14 @@ from spark_pipelines import (
 from laminar_sdk import (
     CheckpointManifest,
     ConfigurationError,
+    DeliveryGuaranteeWarning,
     InvalidState,
     ProtocolStep,
     ReadError,
     open_checkpointer,
 )
+from laminar_sdk._cli import main
+from laminar_sdk._spark import reader as reader_module
 from laminar_sdk._spark.arrow import spark_schema
 from laminar_sdk._spark.reader import LaminarPolledReader, LaminarRangeReader
 from laminar_sdk._spark.writer import StagedTaskMessage
@@ -321,11 +326,88 @@ def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
     again.commit(end)
     assert not logged[0].exists()
     assert sorted(read_on_executor(again, end, following)) == [6, 7, 8, 200, 201]
-    with pytest.raises(ReadError, match="gone from the read log") as gone:
-        read_on_executor(again, start, end)
-    assert logged[0].relative_to(tmp_path / "checkpoint" / "laminar" / "read-log").as_posix() in (
-        str(gone.value)
+
+
+def _polled_micro_batch(tmp_path: Path) -> tuple[CaseInsensitiveDict, dict, dict, list[int]]:
+    """A polled memory source's first micro-batch, planned and read: options, offsets, ids."""
+    spool = tmp_path / "source"
+    MemorySource.append(spool, range(6), partition=0)
+    MemorySource.append(spool, range(100, 104), partition=1)
+    options = source_options(
+        connector="memory", path=str(spool), checkpointLocation=str(tmp_path / "checkpoint")
     )
+    reader = _streamReader(LaminarDataSource(options), SCHEMA)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    return options, start, end, read_on_executor(reader, start, end)
+
+
+def _quarantine_command(error: str) -> list[str]:
+    (command,) = re.findall(r"`laminar (checkpoints quarantine [^`]+)`", error)
+    return shlex.split(command)
+
+
+def test_a_damaged_read_log_entry_set_aside_is_read_again_from_a_replayable_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+    options, start, end, first = _polled_micro_batch(tmp_path)
+    (logged,) = (tmp_path / "checkpoint" / "laminar" / "read-log").rglob("*.snap")
+    data = bytearray(logged.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    logged.write_bytes(bytes(data))
+    MemorySource.append(tmp_path / "source", range(6, 9), partition=0)  # data kept arriving
+
+    restarted = _streamReader(LaminarDataSource(options), SCHEMA)
+    with pytest.raises(ReadError, match="corrupted") as corrupted:
+        read_on_executor(restarted, start, end)
+    # The command the error gives, as the operator runs it.
+    assert main(_quarantine_command(str(corrupted.value))) == 0
+    out = capsys.readouterr().out
+    assert "set read-log entry" in out
+    assert "reads its micro-batch again from the source" in out
+
+    again = _streamReader(LaminarDataSource(options), SCHEMA)
+    assert [type(p).__name__ for p in again.partitions(start, end)] == ["ReplayedInputPartition"]
+    assert read_on_executor(again, start, end) == first, "the first run's records, once"
+    following = again.latestOffset(end, ReadAllAvailable())
+    assert sorted(read_on_executor(again, end, following)) == [6, 7, 8]
+    again.commit(end)
+    assert main(["checkpoints", "verify", str(tmp_path / "checkpoint" / "laminar")]) == 0
+
+
+def test_a_gone_read_log_entry_of_a_source_that_cannot_replay_is_an_error_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+    monkeypatch.setattr(MemorySource, "supports_replay", lambda self: False)
+    with pytest.warns(DeliveryGuaranteeWarning, match="cannot replay"):
+        options, start, end, _ = _polled_micro_batch(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoint" / "laminar" / "read-log")
+
+    with pytest.warns(DeliveryGuaranteeWarning, match="cannot replay"):
+        restarted = _streamReader(LaminarDataSource(options), SCHEMA)
+    with pytest.raises(ReadError, match="gone from the read log") as gone:
+        restarted.partitions(start, end)
+
+    assert "cannot replay (its supports_replay() is False)" in str(gone.value)
+    assert "quarantine" not in str(gone.value)
+
+
+def test_a_source_that_does_not_replay_the_same_records_delivers_none_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+    monkeypatch.setattr(reader_module, "REPLAY_PATIENCE_S", 0.2)
+    options, start, end, _ = _polled_micro_batch(tmp_path)
+    shutil.rmtree(tmp_path / "checkpoint" / "laminar" / "read-log")
+    shutil.rmtree(tmp_path / "source" / "source" / "partition-1")  # four records are gone
+
+    restarted = _streamReader(LaminarDataSource(options), SCHEMA)
+    with pytest.raises(ReadError, match="did not replay the same records") as differs:
+        read_on_executor(restarted, start, end)
+
+    assert "returned 6 of the 10 record(s) its first run read" in str(differs.value)
 
 
 # The writer, as Spark's workers drive it --------------------------------------------------
