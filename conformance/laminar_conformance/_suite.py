@@ -30,6 +30,7 @@ from laminar_conformance._profiles import (
     selected_profile,
     session_seed,
 )
+from laminar_conformance._secrets import secret_values
 from laminar_conformance._stores import state_store
 from laminar_conformance.contexts import ConformancePlugins, SinkTestContext, SourceTestContext
 from laminar_sdk import ConnectorRole, ConnectorSpec, StateStore
@@ -70,6 +71,23 @@ class Target:
     def role(self) -> ConnectorRole:
         """Source or sink."""
         return self.spec.role
+
+    def secret_values(self) -> dict[str, str]:
+        """The secret values of the test context's configuration, by key (read once).
+
+        See :mod:`~laminar_conformance._secrets`.
+        """
+        if "secrets" not in self.probed:
+            context = (
+                self.sink_context() if self.role is ConnectorRole.SINK else self.source_context()
+            )
+            try:
+                self.probed["secrets"] = secret_values(self.spec, context.config().properties)
+            finally:
+                context.close()
+        found = self.probed["secrets"]
+        assert isinstance(found, dict)
+        return found
 
     def sink_context(self) -> SinkTestContext:
         """A new sink test context, in a new directory."""

@@ -6,6 +6,9 @@ profile then comes from ``$LAMINAR_CONFORMANCE_PROFILE``, default ``quick``).
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
 import pytest
 
 from laminar_conformance._profiles import (
@@ -139,6 +142,33 @@ def pytest_terminal_summary(
             red=True,
             bold=True,
         )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, Any, None]:
+    """A failed check's report shows no secret of the connector's configuration.
+
+    Its traceback's arguments and captured log records would print them wherever the report
+    goes (the terminal, JUnit, HTML, markdown): they are replaced by ``***``.
+    """
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.passed or "conformance" not in getattr(item, "funcargs", {}):
+        return
+    # Not at the top: the plugin is loaded in every pytest session of an environment with the
+    # kit, and the suites' imports are for sessions that run checks.
+    from laminar_conformance._secrets import hide_secrets  # noqa: PLC0415
+    from laminar_conformance._suite import Target  # noqa: PLC0415
+
+    target = item.funcargs["conformance"]  # type: ignore[attr-defined]
+    if not isinstance(target, Target):
+        return
+    try:
+        secrets = target.secret_values()
+    except Exception:  # noqa: BLE001 - the context failed: the report says how, as it is
+        return
+    if secrets:
+        hide_secrets(report, list(secrets.values()))
 
 
 @pytest.hookimpl(trylast=True)

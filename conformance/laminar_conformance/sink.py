@@ -68,6 +68,7 @@ from laminar_conformance._kill import KILL_STEPS, Child, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
+from laminar_conformance._secrets import every_log_record, secrets_shown
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
 from laminar_conformance._stores import checkpoint_store
@@ -374,25 +375,39 @@ class SinkContractSuite(ConfigurationSuite):
 
     @check
     def test_health_and_metrics_are_sane(self, conformance: Target, figures: Figures) -> None:
-        """``health_check`` gives a status, not unhealthy; counters never go down or below 0."""
+        """``health_check`` gives a status, not unhealthy; counters never go down or below 0.
+
+        And no secret value of the configuration (a key declared secret, or named like one)
+        shows in the sink's health, metrics, ``repr`` or log records (DEBUG and up) meanwhile.
+        """
         figures.cases += 1
         session = _Session(conformance)
 
-        async def scenario() -> None:
+        async def scenario() -> dict[str, str]:
             sink = await session.open()
             health = await sink.health_check()
             assert isinstance(health, HealthStatus), f"health_check() returned {health!r}"
             assert health.state is not HealthState.UNHEALTHY, f"a working sink reports {health}"
             previous = 0
+            shown = {"health_check()": f"{health!s} {health!r}", "repr()": repr(sink)}
             for epoch in range(3):
                 await session.write_epoch(sink, epoch, [epoch * 10, epoch * 10 + 1])
                 metrics = sink.metrics()
                 assert min(metrics.records_total, metrics.bytes_total, metrics.errors_total) >= 0
                 assert metrics.records_total >= previous, "records_total went down"
                 previous = metrics.records_total
+                shown[f"metrics() after epoch {epoch}"] = repr(metrics)
             await sink.close()
+            return shown
 
-        session.run(scenario())
+        with every_log_record() as records:
+            shown = session.run(scenario())
+        leaks = secrets_shown(conformance.secret_values(), shown | records.shown())
+        assert not leaks, (
+            f"the sink shows a secret of its configuration: {'; '.join(leaks)}. Render a "
+            "configuration with str(config) or config.redacted(), never config.properties, "
+            "and keep secret values out of messages"
+        )
 
     @pytest.mark.parametrize("capability", sorted(_UNCHECKABLE))
     @check

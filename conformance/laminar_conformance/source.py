@@ -54,6 +54,7 @@ from laminar_conformance._range_reads import (
 )
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SourceRuntimeSuite
+from laminar_conformance._secrets import every_log_record, secrets_shown
 from laminar_conformance._skips import skip
 from laminar_conformance._source_runs import Committed, SourceSchedule, run_source_epochs
 from laminar_conformance._source_system import SourceSystem, compare
@@ -204,17 +205,22 @@ class SourceContractSuite(ConfigurationSuite):
 
     @check
     def test_health_and_metrics_are_sane(self, conformance: Target, figures: Figures) -> None:
-        """``health_check`` gives a status, not unhealthy; counters never go down or below 0."""
+        """``health_check`` gives a status, not unhealthy; counters never go down or below 0.
+
+        And no secret value of the configuration (a key declared secret, or named like one)
+        shows in the source's health, metrics, ``repr`` or log records (DEBUG and up) meanwhile.
+        """
         figures.cases += 1
         system = SourceSystem(conformance)
         system.append([4] * system.partitions)
         total = system.appended.total()
 
-        async def scenario() -> None:
+        async def scenario() -> dict[str, str]:
             source = await system.open()
             health = await source.health_check()
             assert isinstance(health, HealthStatus), f"health_check() returned {health!r}"
             assert health.state is not HealthState.UNHEALTHY, f"a working source reports {health}"
+            shown = {"health_check()": f"{health!s} {health!r}", "repr()": repr(source)}
             previous, polls = 0, 0
             while await source.poll_batch(3) is not None and not read_enough(3 * polls, total):
                 polls += 1
@@ -223,9 +229,18 @@ class SourceContractSuite(ConfigurationSuite):
                 assert min(*counters, metrics.lag) >= 0, f"negative metrics: {metrics}"
                 assert metrics.records_total >= previous, "records_total went down"
                 previous = metrics.records_total
+                shown[f"metrics() after poll {polls}"] = repr(metrics)
             await source.close()
+            return shown
 
-        system.run(scenario())
+        with every_log_record() as records:
+            shown = system.run(scenario())
+        leaks = secrets_shown(conformance.secret_values(), shown | records.shown())
+        assert not leaks, (
+            f"the source shows a secret of its configuration: {'; '.join(leaks)}. Render a "
+            "configuration with str(config) or config.redacted(), never config.properties, "
+            "and keep secret values out of messages"
+        )
 
 
 class SourceReplaySuite(ConnectorSuite):

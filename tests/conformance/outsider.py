@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -586,8 +587,15 @@ class SqliteSinkMarkerApart(SqliteSink):
 # Sinks: JSON-lines files, exactly-once by renaming a staged file ----------------------------
 
 
+JSONL_TOKEN = "outsider-token-0f3a9c"
+"""The secret the JSON-lines sinks' context configures: no output may show it."""
+
+
 class JsonLinesSink(SinkConnector):
-    """Stages an epoch in ``staging/N.jsonl``; publishes it by renaming it to ``out/N.jsonl``."""
+    """Stages an epoch in ``staging/N.jsonl``; publishes it by renaming it to ``out/N.jsonl``.
+
+    Its ``token`` (a service's API token, in the plugin it was cut from) is taken and unused.
+    """
 
     def __init__(self) -> None:
         self.directory = Path()
@@ -655,6 +663,14 @@ class JsonLinesSink(SinkConnector):
         self.discard()
 
 
+class JsonLinesSinkLogsItsConfiguration(JsonLinesSink):
+    """Logs what it opened with at DEBUG, its configuration's properties (``token`` too)."""
+
+    async def open(self, config: ConnectorConfig) -> None:
+        logging.getLogger("outsider.jsonl").debug("opening with %s", config.properties)
+        await super().open(config)
+
+
 class JsonLinesSinkBufferedPreCommit(JsonLinesSink):
     """Leaves the staged rows in the file's buffer at ``pre_commit``: they reach the disk when
     ``commit_epoch`` closes the file, so a process killed in between loses them."""
@@ -687,7 +703,8 @@ class JsonLinesContext:
         self.schema = UNSIGNED if connector == "outsider-jsonl-unsigned-ids" else SCHEMA
 
     def config(self) -> ConnectorConfig:
-        return ConnectorConfig(self.connector, {"path": str(self.directory)})
+        properties = {"path": str(self.directory), "token": JSONL_TOKEN}
+        return ConnectorConfig(self.connector, properties)
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
         return pa.record_batch([pa.array(list(ids), self.schema.field("id").type)], self.schema)
@@ -705,6 +722,7 @@ SINKS: dict[str, type[SqliteSink] | type[JsonLinesSink]] = {
     "outsider-sqlite-marker-apart": SqliteSinkMarkerApart,
     "outsider-jsonl": JsonLinesSink,
     "outsider-jsonl-buffered-pre-commit": JsonLinesSinkBufferedPreCommit,
+    "outsider-jsonl-logs-its-configuration": JsonLinesSinkLogsItsConfiguration,
     "outsider-jsonl-unsigned-ids": JsonLinesSinkOfUnsignedIds,
 }
 
@@ -742,9 +760,10 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
             name, source, config_keys=[ConfigKeySpec("path", required=True)], description=name
         )
     for name, sink in SINKS.items():
-        registry.add_sink(
-            name, sink, config_keys=[ConfigKeySpec("path", required=True)], description=name
-        )
+        keys = [ConfigKeySpec("path", required=True)]
+        if name.startswith("outsider-jsonl"):
+            keys.append(ConfigKeySpec("token", description="the service's API token"))
+        registry.add_sink(name, sink, config_keys=keys, description=name)
 
 
 @hookimpl

@@ -82,6 +82,11 @@ VARIANTS = [
 # Third-party-style variants (outsider.py), the default context: caught only if probed.
 OUTSIDER_VARIANTS = [
     (
+        "outsider-jsonl-logs-its-configuration",
+        "sink",
+        "test_health_and_metrics_are_sane",
+    ),
+    (
         "outsider-restores-first-partition-only",
         "source",
         "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
@@ -195,7 +200,7 @@ OUTSIDER_READ = {
         "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
     ),
     "outsider-sqlite": (KILLS, INSIDE_A_CALL),
-    "outsider-jsonl": (KILLS,),
+    "outsider-jsonl": (KILLS, "test_health_and_metrics_are_sane"),
 }
 """The checks the tests read from each correct outsider connector's run."""
 OUTSIDER_CATCHING = {

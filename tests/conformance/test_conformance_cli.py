@@ -14,6 +14,7 @@ import pytest
 from laminar_conformance._budget import BUDGET_FLOOR
 from laminar_conformance._cli import add_conformance_commands, generated_module
 from laminar_conformance.contexts import ConformancePlugins
+from outsider import JSONL_TOKEN
 
 from laminar_sdk import ConnectorRole, PluginError, hookimpl
 
@@ -178,6 +179,28 @@ def test_a_failure_shows_its_diagnosis_and_its_traceback_only_with_verbose(tmp_p
     verbose = conformance(*arguments, "-v", cwd=tmp_path, path=broken)
     assert verbose.returncode == 1
     assert "laminar_conformance/sink.py:" in verbose.stdout, "-v shows where the check failed"
+
+
+def test_a_secret_shown_in_a_log_record_fails_and_no_report_shows_it(tmp_path):
+    reports = {name: tmp_path / f"report.{name}" for name in ("md", "xml", "html")}
+    run = conformance(
+        "run", "outsider-jsonl-logs-its-configuration", "--role", "sink",
+        "--plugin", "outsider", "--seed", "1", "--no-spark",
+        "--check", "test_health_and_metrics_are_sane", "-v",
+        "--report", str(reports["md"]), "--junit", str(reports["xml"]),
+        "--html", str(reports["html"]),
+        cwd=tmp_path, path=Path(__file__).parent,
+    )  # fmt: skip
+
+    assert run.returncode == 1, run.stdout[-2000:]
+    assert "(logger 'outsider.jsonl') shows the value of 'token'" in run.stdout + run.stderr
+    assert "'token': '***'" in run.stdout, "the captured record is shown, without the secret"
+    for where, text in [
+        ("stdout", run.stdout),
+        ("stderr", run.stderr),
+        *((path.name, path.read_text()) for path in reports.values()),
+    ]:
+        assert JSONL_TOKEN not in text, f"{where} shows the secret"
 
 
 def test_an_unknown_connector_is_a_usage_error(tmp_path):
