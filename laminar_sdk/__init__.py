@@ -109,6 +109,7 @@ from laminar_sdk._schema import (
     SchemaInferable,
     SchemaProvider,
     SchemaRegistryAware,
+    with_destination,
 )
 from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 from laminar_sdk._state import StateStore
@@ -227,5 +228,6 @@ __all__ = [
     "store_for_location",
     "validate_delivery_guarantee",
     "verify_checkpoint",
+    "with_destination",
     "write_file_atomically",
 ]

@@ -29,6 +29,7 @@ from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_gu
 from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError, SchemaMismatch
 from laminar_sdk._pipeline_file import PipelineFile, local_path
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._schema import sink_described
 from laminar_sdk._spark.options import (
     CHECKPOINT_LOCATION,
     CHECKPOINT_STORE,
@@ -137,7 +138,8 @@ def connect_pipeline(pipeline: PipelineFile, registry: ConnectorRegistry) -> lis
         problems = schema_differences(sink_schema, stream)
         if problems:
             raise SchemaMismatch(
-                f"{pipeline.path}: sink {pipeline.sink!r} cannot take the source's stream: "
+                f"{pipeline.path}: {sink_described(pipeline.sink, sink_schema)} cannot take "
+                "the source's stream: "
                 f"{'; '.join(problems)}. Select or cast the columns in a [transform]"
             )
         checked.append(CheckedItem("columns", "the sink takes the source's columns"))

@@ -16,6 +16,27 @@ import pyarrow as pa
 
 from laminar_sdk._config import ConnectorConfig
 
+DESTINATION_METADATA_KEY = b"laminar.destination"
+"""The Arrow schema metadata key under which a sink's schema names its destination."""
+
+
+def with_destination(schema: pa.Schema, destination: str) -> pa.Schema:
+    """``schema``, naming where the sink writes (``table public.orders``) in its metadata.
+
+    Return a sink's :meth:`~laminar_sdk.SinkConnector.schema` this way when its columns come
+    from the destination (a table's): when a stream does not fit them, the runtime's error
+    names the destination besides the sink.
+    """
+    metadata = {**(schema.metadata or {}), DESTINATION_METADATA_KEY: destination.encode()}
+    return schema.with_metadata(metadata)
+
+
+def sink_described(connector: str, schema: pa.Schema) -> str:
+    """``sink 'NAME'``, with the destination its schema names (:func:`with_destination`)."""
+    destination = (schema.metadata or {}).get(DESTINATION_METADATA_KEY)
+    named = f" ({destination.decode(errors='replace')})" if destination else ""
+    return f"sink {connector!r}{named}"
+
 
 @dataclass(frozen=True, slots=True)
 class InferenceConfig:

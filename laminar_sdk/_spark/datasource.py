@@ -10,6 +10,7 @@ from laminar_sdk._connector import SourceConnector
 from laminar_sdk._delivery import validate_delivery_guarantee
 from laminar_sdk._errors import ConfigurationError, SchemaMismatch
 from laminar_sdk._registry import ConnectorRole
+from laminar_sdk._schema import sink_described
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
 from laminar_sdk._spark.connectors import opened_sink, opened_source, run
 from laminar_sdk._spark.handoff import HandoffDirectory
@@ -189,7 +190,8 @@ async def _sink_schema(options: BridgeOptions, stream: StructType) -> tuple[pa.S
     problems = schema_differences(expected, arrow_schema(stream))
     if problems:
         raise SchemaMismatch(
-            f"sink {options.connector!r} cannot take this stream: {'; '.join(problems)}. "
+            f"{sink_described(options.connector, expected)} cannot take this stream: "
+            f"{'; '.join(problems)}. "
             "Select or cast the columns before writeStream"
         )
     return expected, distributed

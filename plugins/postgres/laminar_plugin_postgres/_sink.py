@@ -75,6 +75,7 @@ from laminar_sdk import (
     WriteResult,
     crash_point,
     open_checkpointer,
+    with_destination,
 )
 from laminar_sdk.reference import Lifecycle
 from psycopg import sql
@@ -724,7 +725,7 @@ async def _prepare_table(session: Session, settings: SinkSettings) -> pa.Schema:
                 f"({', '.join(settings.key)}), which INSERT ... ON CONFLICT needs; create one",
                 key="key",
             )
-    return schema
+    return with_destination(schema, f"table {settings.table}")
 
 
 async def _create_table(session: Session, settings: SinkSettings, schema: pa.Schema) -> None:

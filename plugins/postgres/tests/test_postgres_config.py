@@ -241,3 +241,24 @@ def test_run_check_connect_opens_the_sink_on_the_server_and_names_a_missing_tabl
     err = capsys.readouterr().err
     assert err.startswith("laminar: error: "), err
     assert "missing_table" in err, err
+
+
+def test_run_check_connect_names_the_table_a_stream_column_is_missing_from(
+    database, tmp_path, capsys
+):
+    table = database.name()
+    database.execute(f"CREATE TABLE {table} (id bigint, partition integer)")
+    pipeline = tmp_path / "pipeline.toml"
+    settings = database.properties()
+    connection = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
+    pipeline.write_text(
+        f'[source]\nconnector = "generator"\nrows = 10\n\n'
+        f'[sink]\nconnector = "postgres"\n{connection}table = "{table}"\n\n'
+        f'[pipeline]\ncheckpoint_location = "state"\n'
+    )
+
+    assert main(["run", "--check", "--connect", str(pipeline)]) == 2
+
+    err = capsys.readouterr().err
+    assert f"sink 'postgres' (table public.{table}) cannot take the source's stream" in err, err
+    assert "column(s) 'value' not in (id, partition)" in err, err
