@@ -570,28 +570,54 @@ async def _commit_prepared(writer: _Writer, epoch: int, descriptors: Sequence[st
     named = [gid for gid in descriptors if gid]
     session = await _live_session(writer)
     try:
-        prepared = await prepared_transactions(session, settings.sink_id)
-        missing = [gid for gid in named if gid not in prepared]
-        if missing:
-            committed = await writer.markers.committed_transactions(session, missing)
-            lost = sorted(set(missing) - committed)
-            if lost and await writer.markers.last_committed(session) < epoch:
-                raise TransactionError(
-                    f"{SINK_NAME}: epoch {epoch} of table {settings.table} must be committed, "
-                    f"but its prepared transaction(s) {lost} are neither prepared nor "
-                    "committed: were they rolled back by hand (ROLLBACK PREPARED)? Their "
-                    "rows cannot be recovered by this sink"
-                )
-        for gid in named:
-            if gid in prepared:
-                await finish_prepared(session, gid, commit=True)
-                crash_point("transaction-committed")
-        for gid, orphan_epoch in prepared.items():
-            if gid not in named and orphan_epoch <= epoch:
-                await finish_prepared(session, gid, commit=False)
-        await writer.markers.finish_prepared_epoch(session, epoch)
+        async with writer.markers.sole_committer(session):
+            await _commit_prepared_alone(writer, session, epoch, named)
     except psycopg.Error as error:
         raise transaction_failure(settings.connection, f"commit epoch {epoch}", error) from None
+
+
+async def _commit_prepared_alone(
+    writer: _Writer, session: Session, epoch: int, named: list[str]
+) -> None:
+    """:func:`_commit_prepared`, holding the sink's commit lock.
+
+    An epoch recorded whole was committed by another instance (this one was presumed dead,
+    and went on): what is still prepared of it, and of older epochs, is rolled back.
+    """
+    settings = writer.settings
+    prepared = await prepared_transactions(session, settings.sink_id)
+    if await writer.markers.whole_epoch(session) >= epoch:
+        stale = [gid for gid, number in prepared.items() if number <= epoch]
+        for gid in stale:
+            await finish_prepared(session, gid, commit=False)
+        if stale:
+            logger.warning(
+                "%s: epoch %d was committed by another instance; rolled back %d prepared "
+                "transaction(s) of it left by an instance presumed dead",
+                SINK_NAME,
+                epoch,
+                len(stale),
+            )
+        return
+    missing = [gid for gid in named if gid not in prepared]
+    if missing:
+        committed = await writer.markers.committed_transactions(session, missing)
+        lost = sorted(set(missing) - committed)
+        if lost and await writer.markers.last_committed(session) < epoch:
+            raise TransactionError(
+                f"{SINK_NAME}: epoch {epoch} of table {settings.table} must be committed, "
+                f"but its prepared transaction(s) {lost} are neither prepared nor "
+                "committed: were they rolled back by hand (ROLLBACK PREPARED)? Their "
+                "rows cannot be recovered by this sink"
+            )
+    for gid in named:
+        if gid in prepared:
+            await finish_prepared(session, gid, commit=True)
+            crash_point("transaction-committed")
+    for gid, orphan_epoch in prepared.items():
+        if gid not in named and orphan_epoch <= epoch:
+            await finish_prepared(session, gid, commit=False)
+    await writer.markers.finish_prepared_epoch(session, epoch)
 
 
 async def _finish_stream(epoch: _OpenEpoch) -> None:

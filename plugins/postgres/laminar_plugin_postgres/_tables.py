@@ -16,6 +16,8 @@ orphans in ``pg_prepared_xacts`` by it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from psycopg import sql
@@ -98,6 +100,31 @@ class Markers:
             (self.sink_id,),
         )
         return int(rows[0][0])
+
+    async def whole_epoch(self, session: Session) -> int:
+        """The newest epoch recorded whole (every transaction of it committed); ``-1``: none."""
+        rows = await session.execute(
+            sql.SQL(
+                "SELECT coalesce(max(epoch), -1) FROM {} WHERE sink_id = %s AND partition = %s"
+            ).format(qualified(self.table)),
+            (self.sink_id, WHOLE_EPOCH),
+        )
+        return int(rows[0][0])
+
+    @contextlib.asynccontextmanager
+    async def sole_committer(self, session: Session) -> AsyncIterator[None]:
+        """Hold this sink's commit lock (a session-level advisory lock) meanwhile.
+
+        Two instances committing the sink's prepared transactions — the runtime's, and an old
+        one presumed dead that goes on — take turns: the second finds the epoch recorded
+        whole. The server releases the lock if the session dies.
+        """
+        key = sql.Literal(f"laminar-commit:{self.table}:{self.sink_id}")
+        await session.execute(sql.SQL("SELECT pg_advisory_lock(hashtext({}))").format(key))
+        try:
+            yield
+        finally:
+            await session.execute(sql.SQL("SELECT pg_advisory_unlock(hashtext({}))").format(key))
 
     async def record_whole(self, session: Session, epoch: int) -> bool:
         """Upsert this sink's ``*`` row to ``epoch`` unless it says ``epoch`` or later already.

@@ -304,6 +304,33 @@ def test_two_phase_recovers_orphans_and_reports_them(database):
     assert markers == [("*", 0)]
 
 
+def test_two_phase_an_old_instance_that_goes_on_commits_nothing_twice(database):
+    # Presumed dead while writing epoch 0, the old instance goes on once a new one committed
+    # epochs 0 and 1: it prepares epoch 0 again and commits it.
+    table = database.name()
+    database.execute(f"CREATE TABLE {table} (id bigint)")
+    config = properties(database, table)
+
+    def ids(*values):
+        return pa.RecordBatch.from_pydict({"id": pa.array(values, pa.int64())})
+
+    async def scenario():
+        old, _ = await REGISTRY.open_sink("postgres-2pc", config)
+        await old.begin_epoch(0)
+        await old.write_batch(ids(1, 2))
+        await write_epochs(config, [[ids(1, 2)], [ids(3)]], connector="postgres-2pc")
+        await old.pre_commit(0)
+        await old.commit_epoch(0)
+        left = database.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (f"%{table}%",)
+        )
+        await old.close()
+        return left
+
+    assert asyncio.run(scenario()) == [], "the old instance's transaction is left prepared"
+    assert sorted(database.ids(table)) == [1, 2, 3]
+
+
 def test_a_prepared_transaction_rolled_back_by_hand_is_an_error_not_silent_loss(database):
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint)")
