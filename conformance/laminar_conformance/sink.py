@@ -30,6 +30,7 @@ its descriptors name, once, whatever failed, crashed or was committed again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import warnings
@@ -84,6 +85,7 @@ from laminar_sdk import (
     EvolutionVerdict,
     HealthState,
     HealthStatus,
+    LaminarError,
     ProtocolStep,
     RetryPolicy,
     SchemaChangeKind,
@@ -841,6 +843,105 @@ def _fault_points(epochs: int, points: list[FaultPoint]) -> st.SearchStrategy[li
     return st.lists(moved, max_size=4)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StaleSchedule:
+    """When the old instance of the stale-instance check stops, and when it goes on.
+
+    :param name: the check's parameter id.
+    :param paused_after: how many of its calls for epochs 1 and 2 it makes before the new
+        instance opens (``begin_epoch``, ``write_batch``, ``pre_commit``, ``commit_epoch``).
+    :param resumes_after_recovery: it goes on right after the new instance recovered, before
+        that one writes epoch 1 again; otherwise once it committed epochs 1 and 2.
+    :param story: what happens, for the failure message.
+    """
+
+    name: str
+    paused_after: int
+    resumes_after_recovery: bool
+    story: str
+
+
+STALE_SCHEDULES = (
+    StaleSchedule(
+        "written",
+        2,
+        False,
+        "the old one had written epoch 1; it pre-committed and committed it, and wrote and "
+        "committed epoch 2, after the new one had committed both",
+    ),
+    StaleSchedule(
+        "pre-committed",
+        3,
+        False,
+        "the old one had pre-committed epoch 1; it committed it, and wrote and committed "
+        "epoch 2, after the new one had committed both",
+    ),
+    StaleSchedule(
+        "pre-committed-then-recovered",
+        3,
+        True,
+        "the old one had pre-committed epoch 1; it committed it, and wrote and committed "
+        "epoch 2, right after the new one recovered and before it wrote epoch 1 again",
+    ),
+)
+"""The schedules of the stale-instance check, one case each."""
+
+
+def _stale_steps(
+    session: _Session, stale: SinkConnector, epochs: list[list[int]]
+) -> Iterator[Coroutine[object, object, object]]:
+    """The old instance's calls for epochs 1 and 2, one coroutine at a time."""
+    for epoch in (1, 2):
+        yield stale.begin_epoch(epoch)
+        yield stale.write_batch(session.context.batch(epochs[epoch]))
+        yield stale.pre_commit(epoch)
+        yield stale.commit_epoch(epoch)
+
+
+STALE_PATIENCE_S = 5.0
+"""How long a call of the new instance may wait before the old instance goes on meanwhile."""
+
+
+async def _alongside(
+    call: Coroutine[object, object, object],
+    steps: Iterator[Coroutine[object, object, object]],
+    refused: bool,
+) -> bool:
+    """Await the new instance's ``call``; ``True`` once the old instance refused.
+
+    A call that waits on what the old instance holds (a row it locked, a transaction it left
+    open) would wait for ever in one event loop: when it has not finished within
+    :data:`STALE_PATIENCE_S`, the old instance goes on meanwhile, as it would in its own
+    process. Either order is a schedule the sink must survive, so how long the call takes
+    decides which one runs, not the verdict.
+    """
+    work = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({work}, timeout=STALE_PATIENCE_S)
+    if not done and not refused:
+        refused = await _go_on(steps)
+    await work
+    return refused
+
+
+async def _go_on(
+    steps: Iterator[Coroutine[object, object, object]], calls: int | None = None
+) -> bool:
+    """Make the next ``calls`` calls of ``steps`` (all when ``None``); ``True`` once one refused.
+
+    A refused call ends the instance's calls: it was fenced, or what it had written was rolled
+    back by the new instance. Which exception says so is not this check's concern (the
+    contract checks look at error types); what the destination shows is.
+    """
+    for step in itertools.islice(steps, calls):
+        try:
+            await step
+        except Exception:  # noqa: BLE001 - any refusal stops the old instance, see above
+            for left in steps:
+                left.close()
+            return True
+    return False
+
+
 class SinkRecoverySuite(ConnectorSuite):
     """End to end through the SDK's epoch coordinator, crashing at every protocol step."""
 
@@ -966,6 +1067,66 @@ class SinkRecoverySuite(ConnectorSuite):
             "the sink skipped them as committed, by the records of an earlier query in its "
             "destination. Return the newest epoch those records hold from "
             "last_committed_epoch(), so that the runtime refuses a new query it would skip"
+        )
+
+    @pytest.mark.parametrize("schedule", STALE_SCHEDULES, ids=lambda schedule: schedule.name)
+    @check
+    def test_a_stale_instance_that_keeps_going_changes_nothing(
+        self, conformance: Target, figures: Figures, schedule: StaleSchedule
+    ) -> None:
+        """An instance presumed dead that goes on writing and committing changes nothing.
+
+        On Spark a task or a commit worker may be presumed dead and its work run again while
+        it still runs (speculation, an executor that comes back, a driver restarted while the
+        old one's commit goes on). The old instance commits epoch 0, begins epoch 1 and stops
+        where ``schedule`` says; a new instance recovers through the coordinator (which
+        rolls back the epoch after its checkpoint) and commits epochs 1 and 2; the old one
+        then goes on — commits epoch 1 and writes and commits epoch 2 as well. Each of its
+        calls may refuse (it raises, and stops: fenced, or what it staged is gone); the new
+        instance's may not. A reader must see every record once.
+        """
+        _require(conformance, "rollback", "exactly_once", "idempotent")
+        session = _Session(conformance)
+        if session.context.committed_ids() is None:
+            session.context.close()
+            skip("read-back", _UNREADABLE)
+        exactly_once = _capabilities(conformance).exactly_once
+        epochs = [[0, 1], [2, 3], [4]]
+
+        async def scenario() -> list[str]:
+            store = checkpoint_store(conformance.new_checkpoint_directory())
+            stale = await session.open()
+            first = EpochCoordinator(store, {"sink": stale})
+            await first.recover()
+            await first.run_epoch(0, [session.context.batch(epochs[0])], {})
+            steps = _stale_steps(session, stale, epochs)
+            refused = await _go_on(steps, schedule.paused_after)
+            fresh = await session.open()
+            coordinator = EpochCoordinator(store, {"sink": fresh})
+            refused = await _alongside(coordinator.recover(), steps, refused)
+            if schedule.resumes_after_recovery and not refused:
+                refused = await _go_on(steps)
+            for epoch in (1, 2):
+                written = coordinator.run_epoch(epoch, [session.context.batch(epochs[epoch])], {})
+                refused = await _alongside(written, steps, refused)
+            if not refused:
+                await _go_on(steps)
+            await fresh.close()
+            with contextlib.suppress(LaminarError):
+                await stale.close()
+            return _delivery_problems(session.visible(), [[ids] for ids in epochs], exactly_once)
+
+        problems = session.run(scenario())
+        figures.cases += 1
+        figures.epochs += len(epochs)
+        figures.restarts += 1
+        assert not problems, (
+            f"an old instance went on after a new one had recovered ({schedule.story}): a "
+            f"reader of the destination sees {'; '.join(problems)}. The new instance must "
+            "fence the old one (its calls then refuse); or a commit must refuse an epoch whose "
+            "staged records are gone (a newer instance rolled them back), and check in the "
+            "transaction that publishes an epoch that no instance committed it before — not "
+            "by what the instance remembers from when it opened"
         )
 
     @check

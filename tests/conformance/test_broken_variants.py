@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from laminar_conformance.sink import STALE_SCHEDULES
 
 HERE = Path(__file__).parent
 
@@ -80,7 +81,9 @@ VARIANTS = [
     ("broken-evolution-not-applied", "sink", "test_schema_evolution_adds_a_column_between_epochs"),
 ]
 # Third-party-style variants (outsider.py), the default context: caught only if probed.
+STALE = "test_a_stale_instance_that_keeps_going_changes_nothing"
 OUTSIDER_VARIANTS = [
+    ("outsider-sqlite-commits-what-is-left", "sink", STALE),
     (
         "outsider-jsonl-logs-its-configuration",
         "sink",
@@ -199,7 +202,7 @@ OUTSIDER_READ = {
         "test_records_appended_while_reading_are_returned_once_across_restores",
         "test_restoring_any_checkpoint_returns_exactly_the_records_after_it",
     ),
-    "outsider-sqlite": (KILLS, INSIDE_A_CALL),
+    "outsider-sqlite": (KILLS, INSIDE_A_CALL, STALE),
     "outsider-jsonl": (KILLS, "test_health_and_metrics_are_sane"),
 }
 """The checks the tests read from each correct outsider connector's run."""
@@ -345,6 +348,10 @@ def test_the_correct_outsider_sinks_pass_every_check_including_real_kills(runs, 
     for step in ("commit", "committed-manifest", "done"):
         check = f"test_delivery_survives_a_real_kill_after_each_durable_call[{step}]"
         assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
+    if STALE in OUTSIDER_READ[connector] or seed != "1:read":
+        for schedule in STALE_SCHEDULES:
+            check = f"{STALE}[{schedule.name}]"
+            assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
 
 
 @pytest.mark.slow
@@ -391,12 +398,12 @@ def test_an_unmarked_sqlite_commit_inside_commit_epoch_is_found_and_crashed_at(r
     coverage = next(line for line in text.splitlines() if line.startswith("- Crash points"))
     assert "begin_epoch: no point (nothing it ran left Python)" in coverage
     # Before or after each of commit_epoch's statements and its commit, at least (the quick
-    # profile's 20 crashes do not reach both sides of all 14 sites).
+    # profile's 20 crashes do not reach both sides of all 7 sites).
     crashed = re.search(
-        r"commit_epoch: 6 site\(s\), 12 point\(s\), crashed at (\d+) in process", coverage
+        r"commit_epoch: 7 site\(s\), 14 point\(s\), crashed at (\d+) in process", coverage
     )
     assert crashed, coverage
-    assert 6 <= int(crashed[1]) <= 12, coverage
+    assert 7 <= int(crashed[1]) <= 14, coverage
     broken = runs["outsider-sqlite-marker-apart"][1].read_text()
     publish = _line_of("db.commit()", "    def _publish(self, epoch: int) -> None:")
     rows_committed = f"db.commit() at outsider.py:{publish} in _publish"
