@@ -32,6 +32,7 @@ from laminar_conformance._report import (
     write_html_report,
     write_report,
 )
+from laminar_conformance._reruns import DEFAULT_RERUNS, label_junit, rerun_failures
 from laminar_conformance.contexts import ConformancePlugins
 from laminar_sdk import ConfigurationError, ConnectorRole, ConnectorSpec, LaminarError
 
@@ -251,32 +252,29 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
         selected = [
             f"{module}::Test{_class_name(spec.name, spec.role)}::{name}" for name in args.check
         ]
-        argv = [
-            *(selected or [str(module)]),
-            "--rootdir",
-            directory,
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            f"no:{PYTEST_PLUGIN_NAME}",
-            "-p",
-            "laminar_conformance.pytest_plugin",
-            f"--laminar-profile={args.profile}",
-            f"--hypothesis-seed={seed}",
-            "-v",
-            # A failure's diagnosis is printed after the run (see _print_diagnoses); pytest's
-            # traceback of it only on request.
-            *(["-rfE", "--tb=long"] if args.verbose else ["--tb=no"]),
-        ]
-        if args.no_spark:
-            argv.append("--laminar-no-spark")
-        if args.strict:
-            argv.append("--laminar-strict")
-        if args.spark_crashes:
-            argv.append(f"--laminar-spark-crashes={args.spark_crashes}")
-        if junitxml is not None:
-            argv.append(f"--junitxml={junitxml.resolve()}")
-        status = pytest.main(argv, plugins=[collector, CheckProgress()])
+        options = _pytest_options(args, directory, seed)
+        status = pytest.main(
+            [
+                *(selected or [str(module)]),
+                *options,
+                "-v",
+                # A failure's diagnosis is printed after the run (see _print_diagnoses);
+                # pytest's traceback of it only on request.
+                *(["-rfE", "--tb=long"] if args.verbose else ["--tb=no"]),
+                *([f"--junitxml={junitxml.resolve()}"] if junitxml is not None else []),
+            ],
+            plugins=[collector, CheckProgress()],
+        )
+        if status == pytest.ExitCode.TESTS_FAILED and args.reruns:
+            print(
+                f"laminar conformance: running the {collector.counts()['failed']} failed "
+                f"check(s) again, {args.reruns} time(s) each with seed {seed}, to tell a bug "
+                "from a flake",
+                flush=True,
+            )
+            rerun_failures(collector, root, ["{check}", *options, "-q", "--tb=no"], args.reruns)
+            if junitxml is not None:
+                label_junit(junitxml, list(collector.results.values()))
     elapsed = time.monotonic() - started
     if report is not None:
         write_report(report, run, collector, elapsed)
@@ -303,6 +301,13 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
     if status == pytest.ExitCode.TESTS_FAILED:
         if not args.verbose:
             _print_diagnoses(collector)
+        else:
+            for result in collector.failures():
+                if result.stability:
+                    print(
+                        f"FAILED {result.name} [{result.stability}: {result.differed}]",
+                        file=sys.stderr,
+                    )
         print(
             f"laminar conformance: {failed} check(s) failed; each diagnosis above ends with the "
             "command that replays its check"
@@ -312,6 +317,29 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
         )
         return 1
     return int(status)
+
+
+def _pytest_options(args: argparse.Namespace, directory: str, seed: int) -> list[str]:
+    """The pytest options of a run of the generated module (and of a failed check's re-run)."""
+    options = [
+        "--rootdir",
+        directory,
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        f"no:{PYTEST_PLUGIN_NAME}",
+        "-p",
+        "laminar_conformance.pytest_plugin",
+        f"--laminar-profile={args.profile}",
+        f"--hypothesis-seed={seed}",
+    ]
+    if args.no_spark:
+        options.append("--laminar-no-spark")
+    if args.strict:
+        options.append("--laminar-strict")
+    if args.spark_crashes:
+        options.append(f"--laminar-spark-crashes={args.spark_crashes}")
+    return options
 
 
 SLOW_CHECK_S = 10.0
@@ -366,7 +394,8 @@ def _print_diagnoses(collector: ReportCollector) -> None:
     :meth:`ReportCollector.failures`).
     """
     for result in collector.failures():
-        print(f"\nFAILED {result.name}", file=sys.stderr)
+        label = f" [{result.stability}: {result.differed}]" if result.stability else ""
+        print(f"\nFAILED {result.name}{label}", file=sys.stderr)
         for line in result.diagnosis.splitlines():
             print(f"    {line}".rstrip(), file=sys.stderr)
     print(file=sys.stderr)
@@ -432,6 +461,16 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
         help=(
             "run only the check NAME (repeatable; every case of a parametrized one), as a "
             "failure's replay command does"
+        ),
+    )
+    run.add_argument(
+        "--reruns",
+        type=int,
+        default=DEFAULT_RERUNS,
+        metavar="N",
+        help=(
+            "run each failed check N more times with the same seed, and label it "
+            f"deterministic or flaky (k of n) (default {DEFAULT_RERUNS}; 0: no re-runs)"
         ),
     )
     run.add_argument(

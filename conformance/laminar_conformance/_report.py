@@ -52,6 +52,14 @@ class CheckResult:
     """The failing case's timeline, as JSON, when the check drew one."""
     diagnosis: str = ""
     """A failure's whole message: what went wrong, the minimal schedule, how to replay it."""
+    stability: str = ""
+    """A failure's label once run again: ``deterministic`` or ``flaky (k of n)``."""
+    differed: str = ""
+    """What the runs of a failed check showed: which passed, or how their failures differed."""
+
+    def labelled_reason(self) -> str:
+        """The reason, a failure's label first when it has one."""
+        return f"{self.stability}: {self.reason}" if self.stability else self.reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +198,7 @@ def _shown_reason(result: CheckResult) -> str:
     if result.outcome == "passed":
         return result.cut_short
     if result.outcome != "skipped":
-        return result.reason
+        return result.labelled_reason()
     skip = Skip.parse(result.reason)
     return f"{skip.category}: {skip.reason}" if skip.category else skip.reason
 
@@ -255,7 +263,10 @@ def markdown_report(run: RunDescription, collector: ReportCollector, elapsed_s: 
     failed = collector.failures()
     if failed:
         lines += ["", "## Failures", "", f"Replay with `{run.replay_command}`.", ""]
-        lines += [f"- `{r.name}`: {r.reason}" for r in failed]
+        for result in failed:
+            lines.append(f"- `{result.name}`: {result.labelled_reason()}")
+            if result.differed:
+                lines.append(f"  - runs: {result.differed}")
     return "\n".join(lines) + "\n"
 
 
@@ -275,7 +286,8 @@ def write_html_report(
     for result in failed:
         picture = Timeline.from_json(result.timeline).svg() if result.timeline else ""
         sections.append(
-            f"<h2>{html.escape(result.name)}</h2><p>{html.escape(result.reason)}</p>"
+            f"<h2>{html.escape(result.name)}</h2><p>{html.escape(result.labelled_reason())}</p>"
+            + (f"<p>Runs: {html.escape(result.differed)}</p>" if result.differed else "")
             + (picture or "<p>(this check draws no timeline)</p>")
         )
     page = (

@@ -29,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -588,6 +589,35 @@ class SqliteSinkCommitsWhatIsLeft(SqliteSink):
         db.commit()
 
 
+LAG_COUNTER_VARIABLE = "LAMINAR_OUTSIDER_LAG_COUNTER"
+"""A file counting the lagging sink's restarts: with it, the first restart of three lags."""
+
+
+def _one_time_in_three() -> bool:
+    """Whether the replica lags this time: one time in three (counted, when a file is set)."""
+    counter = os.environ.get(LAG_COUNTER_VARIABLE)
+    if counter is None:
+        return random.random() < 1 / 3
+    path = Path(counter)
+    count = int(path.read_text()) if path.exists() else 0
+    path.write_text(str(count + 1))
+    return count % 3 == 0
+
+
+class SqliteSinkReadsALaggingReplica(SqliteSink):
+    """Looks up committed epochs on a read replica, which after a restart lags one time in
+    three: an epoch delivered again is then committed again."""
+
+    lagging = False
+
+    async def open(self, config: ConnectorConfig) -> None:
+        await super().open(config)
+        self.lagging = await self.last_committed_epoch() >= 0 and _one_time_in_three()
+
+    def committed(self, epoch: int) -> bool:
+        return not self.lagging and super().committed(epoch)
+
+
 class SqliteSinkMarkerApart(SqliteSink):
     """Publishes the rows in one transaction and records the epoch in a second one.
 
@@ -745,6 +775,7 @@ SINKS: dict[str, type[SqliteSink] | type[JsonLinesSink]] = {
     "outsider-sqlite": SqliteSink,
     "outsider-sqlite-marker-apart": SqliteSinkMarkerApart,
     "outsider-sqlite-commits-what-is-left": SqliteSinkCommitsWhatIsLeft,
+    "outsider-sqlite-reads-a-lagging-replica": SqliteSinkReadsALaggingReplica,
     "outsider-jsonl": JsonLinesSink,
     "outsider-jsonl-buffered-pre-commit": JsonLinesSinkBufferedPreCommit,
     "outsider-jsonl-logs-its-configuration": JsonLinesSinkLogsItsConfiguration,

@@ -14,7 +14,7 @@ import pytest
 from laminar_conformance._budget import BUDGET_FLOOR
 from laminar_conformance._cli import add_conformance_commands, generated_module
 from laminar_conformance.contexts import ConformancePlugins
-from outsider import JSONL_TOKEN
+from outsider import JSONL_TOKEN, LAG_COUNTER_VARIABLE
 
 from laminar_sdk import ConnectorRole, PluginError, hookimpl
 
@@ -173,12 +173,39 @@ def test_a_failure_shows_its_diagnosis_and_its_traceback_only_with_verbose(tmp_p
     diagnosis = quiet.stderr.split("FAILED test_a_committed_epoch_delivered_again", 1)[1]
     assert "committed epochs 0 (ids 1, 2) and 1 (id 3) delivered again" in diagnosis
     assert "Replay: laminar conformance run broken-forgets-committed-epochs" in diagnosis
+    labelled = "[deterministic: failed the same way in all 3 runs with the same seed]"
+    check = "test_a_committed_epoch_delivered_again_after_a_restart_is_skipped"
+    assert f"FAILED {check} {labelled}" in quiet.stderr
     assert "Traceback" not in quiet.stdout + quiet.stderr
     assert "sink.py:" not in quiet.stdout, "no traceback without -v"
     assert "(-v shows their tracebacks)" in quiet.stderr
     verbose = conformance(*arguments, "-v", cwd=tmp_path, path=broken)
     assert verbose.returncode == 1
     assert "laminar_conformance/sink.py:" in verbose.stdout, "-v shows where the check failed"
+
+
+def test_a_failure_one_run_in_three_is_labelled_flaky_and_still_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv(LAG_COUNTER_VARIABLE, str(tmp_path / "restarts"))
+    reports = {name: tmp_path / f"report.{name}" for name in ("md", "xml", "html")}
+    check = "test_a_committed_epoch_delivered_again_after_a_restart_is_skipped"
+    run = conformance(
+        "run", "outsider-sqlite-reads-a-lagging-replica", "--role", "sink",
+        "--plugin", "outsider", "--seed", "1", "--no-spark", "--check", check,
+        "--report", str(reports["md"]), "--junit", str(reports["xml"]),
+        "--html", str(reports["html"]),
+        cwd=tmp_path, path=Path(__file__).parent,
+    )  # fmt: skip
+
+    assert run.returncode == 1, run.stdout[-2000:]
+    label = "flaky (1 of 3)"
+    assert f"FAILED {check} [{label}: re-runs 1, 2 passed with the same seed]" in run.stderr
+    assert "| failed | 1 | 0 | 0 | 1 |" in reports["md"].read_text()
+    assert f"- `{check}`: {label}: " in reports["md"].read_text()
+    assert "  - runs: re-runs 1, 2 passed with the same seed" in reports["md"].read_text()
+    assert f"<p>{label}: " in reports["html"].read_text()
+    (failure,) = ElementTree.parse(reports["xml"]).iter("failure")
+    assert failure.get("message", "").startswith(f"[{label}] ")
+    assert (tmp_path / "restarts").read_text() == "3", "three runs, one restart each"
 
 
 def test_a_secret_shown_in_a_log_record_fails_and_no_report_shows_it(tmp_path):

@@ -135,7 +135,7 @@ def outsider_spark_layer(
     result = subprocess.run(
         [
             sys.executable, "-m", "laminar_conformance", "run", connector, "--role", "source",
-            "--seed", seed, "--plugin", "outsider", "--report", str(report),
+            "--seed", seed, "--plugin", "outsider", "--report", str(report), "--reruns", "0",
             "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
         ],
         cwd=tmp_path,
