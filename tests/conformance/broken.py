@@ -507,6 +507,13 @@ class PlansAhead(RangeReadableMemorySource):
         return SourceCheckpoint(offsets, end.epoch, end.metadata)
 
 
+class DeclaresUpsert(MemorySink):
+    """The memory sink, declaring upsert besides: a capability no check exercises in process."""
+
+    def capabilities(self) -> SinkConnectorCapabilities:
+        return super().capabilities().with_upsert()
+
+
 SINKS = {
     "broken-commit-in-pre-commit": CommitsInPreCommit,
     "broken-rollback-keeps-buffer": RollbackKeepsBuffer,
@@ -520,6 +527,7 @@ SINKS = {
     "broken-evolution-not-applied": EvolutionNotApplied,
     "buffering-sink": _BufferingSink,
     "staging-sink": StagingSink,
+    "upsert-declaring-sink": DeclaresUpsert,
 }
 SOURCES = {
     "broken-restore-off-by-one": RestoresOffByOne,

@@ -33,15 +33,13 @@ def conformance(*arguments: str, cwd: Path, path: Path | None = None):
     )
 
 
-# What the report and the JUnit file hold, from four checks: a state machine, a fault at each
-# of the coordinator's points, capabilities not checked in process and the Spark layer (both
-# skipped, saying why).
+# What the report and the JUnit file hold, from three checks: a state machine, a fault at each
+# of the coordinator's points and the Spark layer (skipped, saying why).
 # The memory sink's whole run is `tox -e full`'s (`laminar conformance run memory --role sink`):
 # its distributed-commit checks take a minute of CI's twelve.
 REPORTED_CHECKS = (
     "test_epoch_protocol_state_machine",
     "test_delivery_survives_a_fault_at_each_point",
-    "test_capabilities_not_checked_in_process",
     "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
 )
 
@@ -68,10 +66,7 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     assert "- Replay: `laminar conformance run memory --role sink --seed 5 --check " in text
     assert "- Spark layer: skipped: switched off (--no-spark" in text
     assert "## Not tested, by category" in text
-    assert (
-        "  - `test_capabilities_not_checked_in_process[upsert]`: the sink does not declare upsert"
-        in text
-    )
+    assert "  - `test_spark_pipeline_killed_at_crash_points_restarts_without_loss`" in text
     figures = next(line for line in text.splitlines() if line.startswith("- Figures:"))
     cases, faults = (int(figures.split()[i]) for i in (2, 5))
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| test_")]
@@ -228,6 +223,19 @@ def test_a_secret_shown_in_a_log_record_fails_and_no_report_shows_it(tmp_path):
         *((path.name, path.read_text()) for path in reports.values()),
     ]:
         assert JSONL_TOKEN not in text, f"{where} shows the secret"
+
+
+def test_the_probe_names_a_declared_capability_no_check_exercises(tmp_path):
+    report = tmp_path / "report.md"
+    run = conformance(
+        "run", "upsert-declaring-sink", "--role", "sink", "--plugin", "broken", "--seed", "1",
+        "--no-spark", "--check", "test_the_probe_finds_what_the_sink_does",
+        "--report", str(report), cwd=tmp_path, path=Path(__file__).parent,
+    )  # fmt: skip
+
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    probed = next(line for line in report.read_text().splitlines() if line.startswith("- Probed"))
+    assert "upsert is declared, but the contract names no key" in probed, probed
 
 
 def test_an_unknown_connector_is_a_usage_error(tmp_path):
