@@ -12,23 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_sdk import ConnectorConfig, hookimpl
-from laminar_sdk.reference import IDS_SCHEMA, MemorySink, MemorySource
+from laminar_sdk.reference import MemorySink, MemorySource, ids_batch
 
 _GENERATOR_PARTITIONS = 3
 _MEMORY_SOURCE_PARTITIONS = 3
-
-
-def ids_batch(ids: Sequence[int]) -> pa.RecordBatch:
-    """Records of the reference ``ids`` schema carrying ``ids`` (partition 0, value = id)."""
-    id_array = pa.array(list(ids), pa.int64())
-    return pa.RecordBatch.from_arrays(
-        [
-            id_array,
-            pa.array([0] * len(id_array), pa.int32()),
-            id_array.cast(pa.float64()),
-        ],
-        schema=IDS_SCHEMA,
-    )
 
 
 class MemorySinkContext:

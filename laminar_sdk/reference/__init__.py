@@ -27,7 +27,13 @@ from laminar_sdk.reference._memory import MemorySink, MemorySource
 from laminar_sdk.reference._null import EpochCount, NullSink
 from laminar_sdk.reference._offsets import parse_count
 from laminar_sdk.reference._plugin import laminar_register_connectors
-from laminar_sdk.reference._schemas import IDS_SCHEMA, SCHEMAS, WIDE_SCHEMA, conform_batch
+from laminar_sdk.reference._schemas import (
+    IDS_SCHEMA,
+    SCHEMAS,
+    WIDE_SCHEMA,
+    conform_batch,
+    ids_batch,
+)
 
 __all__ = [
     "IDS_SCHEMA",
@@ -41,6 +47,7 @@ __all__ = [
     "MemorySource",
     "NullSink",
     "conform_batch",
+    "ids_batch",
     "laminar_register_connectors",
     "parse_count",
 ]

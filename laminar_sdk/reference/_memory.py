@@ -73,6 +73,7 @@ from laminar_sdk.reference._schemas import (
     SCHEMAS,
     configured_schema,
     conform_batch,
+    ids_batch,
 )
 
 _PATH_KEY = ConfigKeySpec(
@@ -207,23 +208,15 @@ class MemorySource(SourceConnector, RangeReadableSource):
                 "removed partition's number is not used again: append to another"
             )
         make_dirs(directory)
-        id_array = pa.array(list(ids), pa.int64())
-        if not len(id_array):
+        batch = ids_batch(ids, partition)
+        if not batch.num_rows:
             return _end_offset(directory)
-        batch = pa.RecordBatch.from_arrays(
-            [
-                id_array,
-                pa.repeat(pa.scalar(partition, pa.int32()), len(id_array)),
-                id_array.cast(pa.float64(), safe=False),
-            ],
-            schema=IDS_SCHEMA,
-        )
         data = arrow_file_bytes(batch)
         while True:
             # Another process may take this offset first; then the end has moved: try again.
             start = _end_offset(directory)
             if create_file_atomically(_segment_path(directory, start), data):
-                return start + len(id_array)
+                return start + len(batch)
 
     @classmethod
     def remove_partition(cls, path: str | os.PathLike[str], partition: int) -> int:

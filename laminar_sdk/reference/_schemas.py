@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
@@ -17,6 +17,24 @@ IDS_SCHEMA = pa.schema(
 )
 """``id: int64, partition: int32, value: double`` — the layout loss and duplicates are
 counted with, id by id."""
+
+
+def ids_batch(ids: Iterable[int], partition: int = 0) -> pa.RecordBatch:
+    """Records of :data:`IDS_SCHEMA` carrying ``ids`` in ``partition``, each ``value`` its id.
+
+    The batch the reference connectors, the conformance kit's reference contexts and tests
+    count loss and duplicates with.
+    """
+    id_array = pa.array(list(ids), pa.int64())
+    return pa.RecordBatch.from_arrays(
+        [
+            id_array,
+            pa.repeat(pa.scalar(partition, pa.int32()), len(id_array)),
+            id_array.cast(pa.float64(), safe=False),
+        ],
+        schema=IDS_SCHEMA,
+    )
+
 
 WIDE_SCHEMA = pa.schema(
     [

@@ -24,17 +24,7 @@ from laminar_sdk import (
     SchemaMismatch,
     WriteResult,
 )
-from laminar_sdk.reference import IDS_SCHEMA, WIDE_SCHEMA, GeneratorSource, MemorySink
-
-
-def ids_batch(ids: list[int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "partition": pa.array([0] * len(ids), pa.int32()),
-            "value": pa.array([float(i) for i in ids], pa.float64()),
-        }
-    )
+from laminar_sdk.reference import IDS_SCHEMA, WIDE_SCHEMA, GeneratorSource, MemorySink, ids_batch
 
 
 def opened(run, path: Path, schema: str = "ids") -> MemorySink:

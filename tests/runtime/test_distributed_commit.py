@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from runtime_testing import CrashAt
 
 from laminar_sdk import (
     CheckpointError,
@@ -30,24 +31,12 @@ from laminar_sdk import (
     open_checkpointer,
 )
 from laminar_sdk._coordinator import StepObserver, stage_task
-from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+from laminar_sdk.reference import MemorySink, ids_batch
 
 # Three micro-batches of two tasks each; every id once.
 EPOCHS = [[[0, 1, 2, 3], [4, 5]], [[6, 7, 8], [9, 10, 11]], [[12], [13, 14, 15, 16]]]
 ALL_IDS = sorted(i for tasks in EPOCHS for share in tasks for i in share)
 SINK = "out"
-
-
-class CrashAt:
-    """Stops the run like ``kill -9`` the first time ``step`` is reached in ``epoch``."""
-
-    def __init__(self, step: ProtocolStep, epoch: int) -> None:
-        self.step, self.epoch, self.fired = step, epoch, False
-
-    def __call__(self, step: ProtocolStep, epoch: int) -> None:
-        if not self.fired and (step, epoch) == (self.step, self.epoch):
-            self.fired = True
-            raise SimulatedCrash(f"{step.value} of epoch {epoch}")
 
 
 class ExecutorLost(Exception):
@@ -61,16 +50,9 @@ class SparkLog:
     last_batch: int = -1
 
 
-def batch_of(ids: list[int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {"id": ids, "partition": [0] * len(ids), "value": [float(i) for i in ids]},
-        schema=IDS_SCHEMA,
-    )
-
-
 def batches(ids: list[int], *, die_after_first: bool = False) -> Iterator[pa.RecordBatch]:
     for start in range(0, len(ids), 2):
-        yield batch_of(ids[start : start + 2])
+        yield ids_batch(ids[start : start + 2])
         if die_after_first:
             raise ExecutorLost("the executor running this attempt was lost")
 
@@ -268,7 +250,7 @@ def test_commit_staged_needs_a_distributed_sink_with_descriptors(tmp_path):
             await coordinator.commit_staged(0, {SINK: []})
 
         memory, _ = await registry.open_sink("memory", {"path": str(tmp_path / "sink")})
-        descriptor = await stage_task(SINK, memory, 0, "t", [batch_of([1, 2])])
+        descriptor = await stage_task(SINK, memory, 0, "t", [ids_batch([1, 2])])
         coordinator = EpochCoordinator(open_checkpointer(str(tmp_path / "b")), {SINK: memory})
         await coordinator.recover(roll_back_next=False)
         with pytest.raises(InvalidState, match="commit descriptors for sink 'out'"):

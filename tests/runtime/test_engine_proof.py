@@ -13,9 +13,9 @@ import asyncio
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from laminar_conformance.checkpointer import Corruption, damage_file
+from runtime_testing import CrashAt
 
 from laminar_sdk import (
     CheckpointError,
@@ -27,29 +27,12 @@ from laminar_sdk import (
     open_checkpointer,
 )
 from laminar_sdk._checkpointing.recovery import mark_committed
-from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+from laminar_sdk.reference import MemorySink, ids_batch
 
 EPOCHS = [[0, 1, 2], [3, 4], [5, 6, 7], [8], [9, 10]]
 ALL_IDS = [i for ids in EPOCHS for i in ids]
 SINK = "out"
 QUERY = "query-1"
-
-
-class CrashAt:
-    """Stops the run like ``kill -9`` the first time ``step`` is reached in ``epoch``."""
-
-    def __init__(self, step: ProtocolStep, epoch: int) -> None:
-        self.step, self.epoch = step, epoch
-
-    def __call__(self, step: ProtocolStep, epoch: int) -> None:
-        if (step, epoch) == (self.step, self.epoch):
-            raise SimulatedCrash(f"{step.value} of epoch {epoch}")
-
-
-def batch_of(ids: list[int]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(
-        {"id": ids, "partition": [0] * len(ids), "value": [0.5] * len(ids)}, schema=IDS_SCHEMA
-    )
 
 
 class Query:
@@ -72,7 +55,7 @@ class Query:
                 query_id=QUERY,
             )
             await coordinator.recover(engine_epoch=epoch)
-            await coordinator.run_epoch(epoch, [batch_of(EPOCHS[epoch])], {})
+            await coordinator.run_epoch(epoch, [ids_batch(EPOCHS[epoch])], {})
             await sink.close()
             self.spark_committed = epoch
 

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runtime_testing import CrashAt
 
 from laminar_sdk import (
     ConfigurationError,
@@ -47,18 +48,6 @@ def spec(sink_path: Path, *, guarantee=DeliveryGuarantee.EXACTLY_ONCE) -> Pipeli
         max_records_per_epoch=120,
         poll_records=40,
     )
-
-
-class CrashAt:
-    """Stops the run like ``kill -9`` the first time ``step`` is reached in ``epoch``."""
-
-    def __init__(self, step: ProtocolStep, epoch: int) -> None:
-        self.step, self.epoch, self.fired = step, epoch, False
-
-    def __call__(self, step: ProtocolStep, epoch: int) -> None:
-        if not self.fired and (step, epoch) == (self.step, self.epoch):
-            self.fired = True
-            raise SimulatedCrash(f"{step.value} of epoch {epoch}")
 
 
 @pytest.fixture(scope="module")

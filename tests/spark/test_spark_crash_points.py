@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
-import pyarrow as pa
 import pytest
 from laminar_conformance.spark import ChildRun, SparkPipeline, run_in_child, start_child
 from spark_pipelines import (
@@ -55,22 +54,13 @@ from laminar_sdk._spark.faults import (
     watched_sink,
     watched_source,
 )
-from laminar_sdk.reference import IDS_SCHEMA, MemorySink
+from laminar_sdk.reference import MemorySink, ids_batch
 
 # In process: the hook's logic, with a kill that raises instead of SIGKILL. ------------------
 
 
 def stand_in_kill() -> NoReturn:
     raise SimulatedCrash("the crash hook fired")
-
-
-def ids_batch(ids: list[int]) -> pa.RecordBatch:
-    columns = [
-        pa.array(ids, pa.int64()),
-        pa.array([0] * len(ids), pa.int32()),
-        pa.array([float(i) for i in ids], pa.float64()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=IDS_SCHEMA)
 
 
 EPOCHS = [[0, 1, 2], [3, 4], [5, 6, 7]]

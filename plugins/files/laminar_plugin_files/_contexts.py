@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from laminar_sdk import ConnectorConfig, make_dirs, write_file_atomically
-from laminar_sdk.reference import IDS_SCHEMA
+from laminar_sdk.reference import ids_batch
 
 from laminar_plugin_files._location import (
     S3_KEYS,
@@ -31,15 +31,6 @@ SOURCE_S3_ENDPOINT_VARIABLE = "LAMINAR_FILES_SOURCE_S3_ENDPOINT"
 # Small row groups and batches, so that restoring lands inside, between and after them.
 _ROW_GROUP_SIZE = 3
 _BATCH_SIZE = "4"
-
-
-def ids_batch(ids: Sequence[int]) -> pa.RecordBatch:
-    """Records of the SDK's ``ids`` schema carrying ``ids`` (partition 0, value = id)."""
-    id_array = pa.array(list(ids), pa.int64())
-    return pa.RecordBatch.from_arrays(
-        [id_array, pa.array([0] * len(id_array), pa.int32()), id_array.cast(pa.float64())],
-        schema=IDS_SCHEMA,
-    )
 
 
 class FilesSinkContext:

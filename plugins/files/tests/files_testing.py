@@ -13,15 +13,11 @@ import pyarrow.csv as pa_csv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from laminar_sdk import ConnectorConfig, SourceCheckpoint
+from laminar_sdk.reference import ids_batch
 
-from laminar_plugin_files import FilesSink, FilesSinkContext, FilesSource
+from laminar_plugin_files import FilesSink, FilesSource
 
 FORMATS = ("parquet", "csv", "jsonl")
-
-
-def ids_batch(ids: Sequence[int]) -> pa.RecordBatch:
-    """An ``ids`` batch (id, partition 0, value = id), as the conformance context builds it."""
-    return FilesSinkContext(Path()).batch(ids)
 
 
 def write_source_file(
