@@ -109,9 +109,10 @@ def test_a_run_that_crashed_in_a_check_holds_nothing_when_the_next_opens(tmp_pat
 def test_a_process_that_froze_objects_itself_keeps_them_frozen():
     gc.freeze()
     try:
-        frozen = gc.get_freeze_count()
         with collecting_only_what_it_makes():
             pass
-        assert gc.get_freeze_count() == frozen
+        # Not the count before: a frozen object that another thread frees meanwhile leaves the
+        # permanent generation (CI saw one fewer). gc.unfreeze() would leave none.
+        assert gc.get_freeze_count() > 0, "the process's own freeze was undone"
     finally:
         gc.unfreeze()
