@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import textwrap
@@ -36,31 +37,67 @@ T = TypeVar("T")
 Run = Callable[[Coroutine[Any, Any, T]], T]
 
 
-# The test files that take longest (pytest --durations in CI), longest first. pytest-xdist's
-# `--dist loadfile` hands files to its workers in collection order, so these go first: a long
-# file started last would leave one worker running it alone at the end.
-LONGEST_FIRST = (
-    "tests/conformance/test_broken_variants.py",
-    "plugins/kafka/tests/test_kafka_conformance.py",
-    "tests/spark/test_laminar_run.py",
-    "tests/conformance/test_conformance_cli.py",
-    "tests/conformance/test_spark_layer.py",
-    "tests/spark/test_spark_bridge.py",
-    "plugins/postgres/tests/test_postgres_conformance.py",
-    "plugins/files/tests/test_files_conformance.py",
-    "plugins/files/tests/test_files_crash.py",
-    "tests/conformance/test_reference_conformance.py",
-    "plugins/files/tests/test_files_source.py",
-    "plugins/postgres/tests/test_postgres_broken_variants.py",
-    "tests/checkpoint/test_checkpoint_object_store.py",
-    "tests/services/test_kafka_service.py",
-)
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+"""Each test file's time in seconds, as a whole run recorded it (``--record-durations``)."""
+
+RECORD_DURATIONS = "--record-durations"
+
+
+def recorded_durations() -> dict[str, float]:
+    """:data:`DURATIONS_FILE`: test file (relative to the repository) to seconds."""
+    if not DURATIONS_FILE.exists():
+        return {}
+    recorded: dict[str, float] = json.loads(DURATIONS_FILE.read_text(encoding="utf-8"))
+    return recorded
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--record-durations``: write each test file's time to :data:`DURATIONS_FILE`."""
+    parser.addoption(
+        RECORD_DURATIONS,
+        action="store_true",
+        help=f"write each test file's total time to {DURATIONS_FILE.name} when the run ends "
+        "(run the whole suite: the order of the next runs comes from it)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files of :data:`LONGEST_FIRST` first, in that order; each file's tests keep theirs."""
-    rank = {config.rootpath / path: place for place, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path, len(rank)))  # stable
+    """The test files that took longest when recorded first; each file's tests keep their order.
+
+    pytest-xdist's ``--dist loadfile`` hands files to its workers in collection order: a long
+    file started last would leave one worker running it alone at the end.
+    """
+    recorded = recorded_durations()
+    root = config.rootpath
+
+    def took(item: pytest.Item) -> float:
+        return recorded.get(item.path.relative_to(root).as_posix(), 0.0)
+
+    items.sort(key=lambda item: -took(item))  # stable
+
+
+class _FileTimes:
+    """A pytest plugin: each test file's total time, written to :data:`DURATIONS_FILE`."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Add each phase's time to its file's (xdist's workers' reports arrive here too)."""
+        path = report.nodeid.split("::")[0]
+        self.times[path] = self.times.get(path, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        """Write the times, longest first."""
+        ordered = sorted(self.times.items(), key=lambda item: -item[1])
+        recorded = {path: round(seconds, 1) for path, seconds in ordered}
+        DURATIONS_FILE.write_text(json.dumps(recorded, indent=1) + "\n", encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Record each file's time when ``--record-durations`` asks (in the main process)."""
+    if config.getoption(RECORD_DURATIONS) and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_FileTimes(), "laminar-file-times")
 
 
 SelectedParams = Callable[..., set[Any]]
