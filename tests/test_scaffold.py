@@ -176,7 +176,13 @@ def test_a_project_is_created_with_its_entry_point_tox_ci_and_next_steps(
 
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(project / "tox.ini")
-    assert tox["tox"]["env_list"] == "conformance, lint, type"
+    assert tox["tox"]["env_list"] == "conformance, conformance-lowest, lint, type"
+    lowest = tox["testenv:conformance-lowest"]
+    assert lowest["deps"].split() == [
+        "{[testenv:conformance]deps}",
+        "pyspark==4.2",
+        "pyarrow==18",
+    ], "the floors of laminar-sdk's own requirements (pyproject.toml)"
     # The kit with its Spark layer, found in a wheelhouse until it is on PyPI.
     assert tox["testenv:conformance"]["deps"].split() == ["laminar-conformance[spark]"]
     assert (
@@ -210,7 +216,7 @@ def test_a_project_is_created_with_its_entry_point_tox_ci_and_next_steps(
         "LAMINAR_WHEELHOUSE: ${{ vars.LAMINAR_WHEELHOUSE || format('{0}/wheelhouse', "
         "github.workspace) }}",
         "actions/upload-artifact@",
-        "path: conformance.*",
+        "path: conformance*.*",
     ]
     positions = [workflow.index(step) for step in steps_in_order]
     assert positions == sorted(positions)
@@ -443,7 +449,7 @@ def test_the_generated_tox_runs_the_spark_layer_with_the_sdk_from_a_wheelhouse(
     )  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-6000:]
-    for environment in ("conformance", "lint", "type"):
+    for environment in ("conformance", "conformance-lowest", "lint", "type"):
         assert re.search(rf"^  {environment}: OK \(", out, re.MULTILINE), out[-6000:]
 
     # The laminar distributions came from the wheelhouse: pip installed exactly those wheels.

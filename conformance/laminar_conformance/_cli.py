@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import importlib.metadata
 import importlib.util
 import os
 import random
@@ -124,8 +125,9 @@ def _spark_plan(args: argparse.Namespace, profile: Profile) -> str:
     if importlib.util.find_spec("pyspark") is None:
         return SPARK_MISSING
     return (
-        f"on local Spark, {profile.spark_cases} pipeline(s) killed at "
-        f"{profile.spark_crashes} crash point(s) each and restarted"
+        f"on local Spark (PySpark {importlib.metadata.version('pyspark')}), "
+        f"{profile.spark_cases} pipeline(s) killed at {profile.spark_crashes} crash point(s) "
+        "each and restarted"
     )
 
 

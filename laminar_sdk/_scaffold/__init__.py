@@ -112,14 +112,36 @@ class PluginProject:
     files: tuple[CreatedFile, ...]
 
 
+def lowest_supported(*distributions: str) -> dict[str, str]:
+    """The lowest version of each of ``distributions`` that laminar-sdk supports, by name.
+
+    Read from laminar-sdk's own requirements (``pyspark>=4.2`` gives ``4.2``), so the
+    generated project's lowest environment follows the SDK's floors.
+
+    :raises LookupError: for a distribution the SDK requires without a floor.
+    """
+    floors = {}
+    for requirement in metadata.requires("laminar-sdk") or []:
+        found = re.match(r"\s*([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", requirement)
+        if found:
+            floors[found[1].lower()] = found[2]
+    missing = [name for name in distributions if name not in floors]
+    if missing:
+        raise LookupError(f"laminar-sdk states no lowest version of {missing}")
+    return {name: floors[name] for name in distributions}
+
+
 def render_project(names: PluginNames) -> dict[Path, str]:
     """The files of the project for ``names``: path relative to the project, content."""
+    lowest = lowest_supported("pyspark", "pyarrow")
     values = {
         "name": names.name,
         "distribution": names.distribution,
         "package": names.package,
         "title": names.title,
         "sdk_version": metadata.version("laminar-sdk"),
+        "lowest_pyspark": lowest["pyspark"],
+        "lowest_pyarrow": lowest["pyarrow"],
     }
     templates = resources.files(__name__).joinpath("templates")
     return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.metadata
 import io
 import os
 import subprocess
@@ -190,7 +191,9 @@ def test_the_command_reports_the_spark_layer_and_its_figures(tmp_path):
     # Its in-process checks: tests/conformance/test_broken_variants.py.
     result, report = outsider_spark_layer(tmp_path, "outsider-queue", seed="3")
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
-    assert "Spark layer: on local Spark, 1 pipeline(s) killed at 1 crash point(s)" in result.stdout
+    pyspark = importlib.metadata.version("pyspark")
+    planned = f"Spark layer: on local Spark (PySpark {pyspark}), 1 pipeline(s) killed at 1 crash"
+    assert planned in result.stdout
     text = report.read_text()
     spark = next(line for line in text.splitlines() if line.startswith("- Spark layer:"))
     assert spark.startswith("- Spark layer: passed — 1 pipeline(s), 1 crash(es) injected"), spark
@@ -351,7 +354,10 @@ def broken_module():
 
 def test_the_report_sums_up_the_spark_checks():
     collector = ReportCollector()
-    planned = "on local Spark, 1 pipeline(s) killed at 1 crash point(s) each and restarted"
+    planned = (
+        f"on local Spark (PySpark {importlib.metadata.version('pyspark')}), 1 pipeline(s) "
+        "killed at 1 crash point(s) each and restarted"
+    )
     assert collector.spark_summary(planned) == planned
     name = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
     collector.results["a"] = CheckResult(
