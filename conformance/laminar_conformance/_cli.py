@@ -13,9 +13,11 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,13 +124,60 @@ def _spark_plan(args: argparse.Namespace, profile: Profile) -> str:
     """What the Spark layer will do in this run, or why it will not run."""
     if args.no_spark:
         return SPARK_DISABLED
-    if importlib.util.find_spec("pyspark") is None:
+    if args.spark_python is not None:
+        version = args.spark_python_pyspark
+        where = f"PySpark {version} of {args.spark_python}"
+    elif importlib.util.find_spec("pyspark") is None:
         return SPARK_MISSING
+    else:
+        where = f"PySpark {importlib.metadata.version('pyspark')}"
     return (
-        f"on local Spark (PySpark {importlib.metadata.version('pyspark')}), "
-        f"{profile.spark_cases} pipeline(s) killed at {profile.spark_crashes} crash point(s) "
-        "each and restarted"
+        f"on local Spark ({where}), {profile.spark_cases} pipeline(s) killed at "
+        f"{profile.spark_crashes} crash point(s) each and restarted"
     )
+
+
+_VERSIONS_THERE = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps({d: m.version(d) for d in ('pyspark', 'laminar-conformance')}))"
+)
+
+
+def _check_spark_python(args: argparse.Namespace) -> None:
+    """Point the Spark children at ``--spark-python``, which must have PySpark and the kit.
+
+    :raises ConfigurationError: naming the flag, when it cannot run them.
+    """
+    if args.spark_python is None:
+        return
+    python = str(args.spark_python)
+    try:
+        found = subprocess.run(
+            [python, "-c", _VERSIONS_THERE],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except OSError as error:
+        raise ConfigurationError(
+            f"--spark-python {python}: cannot run it ({error.strerror}); give the path of a "
+            "Python interpreter, e.g. .venv-spark42/bin/python",
+            key="--spark-python",
+        ) from None
+    if found.returncode != 0:
+        said = (found.stderr.strip().splitlines() or ["it printed nothing"])[-1]
+        raise ConfigurationError(
+            f"--spark-python {python}: its environment lacks PySpark or laminar-conformance "
+            f"({said}): install the kit with its spark extra and the plugin there, e.g. "
+            f"`{python} -m pip install 'laminar-conformance[spark]' pyspark==4.2.0 "
+            "YOUR-PLUGIN`",
+            key="--spark-python",
+        )
+    from laminar_conformance._spark_pipeline import SPARK_PYTHON_VARIABLE  # noqa: PLC0415
+
+    args.spark_python_pyspark = json.loads(found.stdout)["pyspark"]
+    os.environ[SPARK_PYTHON_VARIABLE] = python
 
 
 def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) -> str:
@@ -145,6 +194,8 @@ def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) ->
         parts.append("--no-spark")
     if args.spark_crashes:
         parts += ["--spark-crashes", args.spark_crashes]
+    if args.spark_python is not None:
+        parts += ["--spark-python", str(args.spark_python)]
     return " ".join(parts)
 
 
@@ -164,6 +215,13 @@ def _run(args: argparse.Namespace) -> int:
                 key="--spark-crashes",
             )
         args.spark_crashes = crash_schedule(args.spark_crashes, "--spark-crashes")
+    if args.spark_python is not None and args.no_spark:
+        raise ConfigurationError(
+            "--spark-python runs the Spark layer with another Python and --no-spark leaves the "
+            "layer out: drop one of them",
+            key="--spark-python",
+        )
+    _check_spark_python(args)
     try:
         extra = [importlib.import_module(name) for name in args.plugin]
     except ImportError as error:
@@ -473,6 +531,15 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
         help=(
             "run each failed check N more times with the same seed, and label it "
             f"deterministic or flaky (k of n) (default {DEFAULT_RERUNS}; 0: no re-runs)"
+        ),
+    )
+    run.add_argument(
+        "--spark-python",
+        type=Path,
+        metavar="PATH",
+        help=(
+            "run the Spark layer's pipelines with this Python: another environment's, with "
+            "another PySpark (and the kit and the plugin installed there)"
         ),
     )
     run.add_argument(

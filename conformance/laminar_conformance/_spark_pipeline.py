@@ -46,6 +46,19 @@ RELEASE = "go"
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 CRASH_AT_FILE_PREFIX = "@"
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
+SPARK_PYTHON_VARIABLE = "LAMINAR_SPARK_PYTHON"
+"""The Python interpreter the Spark children run with (``--spark-python``), when not this one."""
+
+
+def spark_python() -> str:
+    """The Python that runs the Spark children: ``$LAMINAR_SPARK_PYTHON``, or this one.
+
+    Another environment's interpreter runs the kit's pipelines on that environment's PySpark
+    (and pyarrow, and the plugin installed there).
+    """
+    return os.environ.get(SPARK_PYTHON_VARIABLE) or sys.executable
+
+
 # The SDK's names for these (laminar_sdk.spark) import pyspark; the kit reads its values
 # without it. A test checks that they agree.
 
@@ -235,6 +248,8 @@ class RunningChild:
         environment = spark_temporary_files_in(self._temporary, faulthandler_on(os.environ))
         environment.pop(CRASH_AT_VARIABLE, None)
         environment[CRASH_RECORD_VARIABLE] = str(self._record)
+        if SPARK_PYTHON_VARIABLE in environment:
+            environment["PYSPARK_PYTHON"] = spark_python()  # its workers too
         if standby:
             # The child writes the file once released: no crash point while it warms up.
             crash_at = directory / f"{name}.crash-at"
@@ -250,7 +265,7 @@ class RunningChild:
         with self._log.open("wb") as output:
             self._process = subprocess.Popen(
                 [
-                    sys.executable,
+                    spark_python(),
                     "-m",
                     CHILD_MODULE,
                     *([STANDBY_FLAG] if standby else []),
@@ -448,7 +463,7 @@ def run_pipeline_file(
     temporary = log.with_suffix(".tmp")
     temporary.mkdir()
     environment = spark_temporary_files_in(
-        temporary, faulthandler_on({**os.environ, "PYSPARK_PYTHON": sys.executable})
+        temporary, faulthandler_on({**os.environ, "PYSPARK_PYTHON": spark_python()})
     )
     environment.pop(CRASH_AT_VARIABLE, None)
     environment[CRASH_RECORD_VARIABLE] = str(log.with_suffix(".crash"))
@@ -456,7 +471,7 @@ def run_pipeline_file(
         environment[CRASH_AT_VARIABLE] = crash
     with log.open("wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "laminar_sdk", "run", str(pipeline_file)],
+            [spark_python(), "-m", "laminar_sdk", "run", str(pipeline_file)],
             stdout=output,
             stderr=subprocess.STDOUT,
             env=environment,

@@ -580,3 +580,27 @@ def test_a_context_whose_removal_raises_fails_the_case_naming_it():
         "the test context's remove_partition(0) raised OSError: partition 0 is busy"
     )
     assert removal.outcome().startswith("partition 0 not removed")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.full  # nightly: one Spark pipeline killed and restarted
+def test_the_spark_layer_runs_with_the_python_it_is_pointed_at(tmp_path):
+    # Another environment's interpreter, as a wrapper that says it ran and runs this one.
+    ran = tmp_path / "ran"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {ran}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "laminar_conformance", "run", "memory", "--role", "sink",
+            "--seed", "1", "--spark-python", str(wrapper), "--reruns", "0",
+            "--check", "test_spark_pipeline_killed_at_crash_points_restarts_without_loss",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    pyspark = importlib.metadata.version("pyspark")
+    assert f"on local Spark (PySpark {pyspark} of {wrapper})" in result.stdout
+    assert "-m laminar_conformance._spark_child" in ran.read_text(), "the children ran with it"
