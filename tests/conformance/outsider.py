@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TextIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from laminar_sdk import (
     CheckpointError,
@@ -220,6 +221,18 @@ class StampsInNanoseconds(QueueSource):
     def records(self, ids: list[int]) -> pa.RecordBatch:
         now = pa.array([time.time_ns()] * len(ids), pa.timestamp("ns", tz="UTC"))
         return pa.record_batch([pa.array(ids, pa.int64()), now], schema=STAMPED)
+
+
+class QueueOnTheNewestPyarrow(QueueSource):
+    """Counts the odd ids it reads with ``pyarrow.compute.modulo``: its author's pyarrow has
+    it; pyarrow 18, the lowest laminar-sdk supports, does not."""
+
+    odd_ids = 0
+
+    def records(self, ids: list[int]) -> pa.RecordBatch:
+        batch = super().records(ids)
+        self.odd_ids += pc.sum(pc.modulo(batch.column("id"), 2)).as_py() or 0
+        return batch
 
 
 class InfersItsSchemaFromTheData(QueueSource):
@@ -414,6 +427,7 @@ SOURCES: dict[str, type[SourceConnector]] = {
     "outsider-checkpoints-the-end-when-caught-up": CheckpointsTheEndWhenCaughtUp,
     "outsider-advances-the-next-partition": AdvancesTheNextPartition,
     "outsider-stamps-in-nanoseconds": StampsInNanoseconds,
+    "outsider-queue-on-the-newest-pyarrow": QueueOnTheNewestPyarrow,
     "outsider-infers-its-schema-from-the-data": InfersItsSchemaFromTheData,
     "outsider-acknowledges-on-receipt": AcknowledgesOnReceipt,
     "outsider-queue-ranges": RangeReadableQueue,

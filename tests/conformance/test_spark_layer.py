@@ -32,9 +32,11 @@ from laminar_conformance.contexts import ConformancePlugins
 from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 
 from laminar_sdk import ConnectorConfig, ConnectorRole
+from laminar_sdk._scaffold import lowest_supported
 from laminar_sdk.reference import MemorySource
 
 HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
 
 # The reference connectors' Spark layer runs nightly (`tox -e full`). In CI the layer runs on
 # connectors written as outsiders write them: a polled source of three partitions and a sink
@@ -604,3 +606,52 @@ def test_the_spark_layer_runs_with_the_python_it_is_pointed_at(tmp_path):
     pyspark = importlib.metadata.version("pyspark")
     assert f"on local Spark (PySpark {pyspark} of {wrapper})" in result.stdout
     assert "-m laminar_conformance._spark_child" in ran.read_text(), "the children ran with it"
+
+
+@pytest.fixture(scope="module")
+def lowest_spark_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Python with the lowest PySpark and pyarrow laminar-sdk supports, and this checkout."""
+    environment = tmp_path_factory.mktemp("lowest") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
+    python = environment / "bin" / "python"
+    lowest = lowest_supported("pyspark", "pyarrow")
+    pins = [f"{name}=={version}" for name, version in lowest.items()]
+    install = [str(python), "-m", "pip", "install", "--quiet", *pins]
+    subprocess.run([*install, "-e", str(ROOT), "-e", str(ROOT / "conformance")], check=True)
+    return python
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.full  # nightly: a virtual environment with PySpark installed, and two Spark runs
+def test_a_source_that_needs_the_newest_pyarrow_fails_on_the_lowest_one(
+    tmp_path, lowest_spark_python
+):
+    """The same outsider source: its Spark layer passes here, fails on the lowest PySpark."""
+    connector = "outsider-queue-on-the-newest-pyarrow"
+    check = "test_spark_pipeline_killed_at_crash_points_restarts_without_loss"
+    command = [
+        sys.executable, "-m", "laminar_conformance", "run", connector, "--role", "source",
+        "--seed", "1", "--plugin", "outsider", "--reruns", "0", "--check", check,
+    ]  # fmt: skip
+    # Only this directory on the path: the lowest environment's own packages must be the ones
+    # its Python imports.
+    environment = {**os.environ, "PYTHONPATH": str(HERE)}
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *extra],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    newest = run()
+    assert newest.returncode == 0, newest.stdout[-5000:] + newest.stderr[-3000:]
+    lowest = run("--spark-python", str(lowest_spark_python))
+    output = lowest.stdout + lowest.stderr
+    assert lowest.returncode == 1, output[-5000:]
+    assert "(PySpark 4.2" in output
+    assert "has no attribute 'modulo'" in output, output[-5000:]
