@@ -363,11 +363,7 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
             _print_diagnoses(collector)
         else:
             for result in collector.failures():
-                if result.stability:
-                    print(
-                        f"FAILED {result.name} [{result.stability}: {result.differed}]",
-                        file=sys.stderr,
-                    )
+                print(f"FAILED {result.labelled_name()}", file=sys.stderr)
         print(
             f"laminar conformance: {failed} check(s) failed; each diagnosis above ends with the "
             "command that replays its check"
@@ -454,8 +450,7 @@ def _print_diagnoses(collector: ReportCollector) -> None:
     :meth:`ReportCollector.failures`).
     """
     for result in collector.failures():
-        label = f" [{result.stability}: {result.differed}]" if result.stability else ""
-        print(f"\nFAILED {result.name}{label}", file=sys.stderr)
+        print(f"\nFAILED {result.labelled_name()}", file=sys.stderr)
         for line in result.diagnosis.splitlines():
             print(f"    {line}".rstrip(), file=sys.stderr)
     print(file=sys.stderr)

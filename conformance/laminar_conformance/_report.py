@@ -61,6 +61,10 @@ class CheckResult:
         """The reason, a failure's label first when it has one."""
         return f"{self.stability}: {self.reason}" if self.stability else self.reason
 
+    def labelled_name(self) -> str:
+        """The name, with a failure's label and what its runs showed when it has them."""
+        return f"{self.name} [{self.stability}: {self.differed}]" if self.stability else self.name
+
 
 @dataclass(frozen=True, slots=True)
 class RunDescription:
