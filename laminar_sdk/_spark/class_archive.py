@@ -89,15 +89,19 @@ def installation_key(spark_home: Path) -> str:
     Java is found as Spark's launcher finds it (``$JAVA_HOME/bin/java``, else ``java`` on the
     ``PATH``).
     """
-    java_home = os.environ.get("JAVA_HOME")
-    java = Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
     digest = hashlib.sha256()
-    for path in (java, *sorted((spark_home / "jars").glob("*.jar"))):
+    for path in (_java(), *sorted((spark_home / "jars").glob("*.jar"))):
         resolved = path.resolve()
         with contextlib.suppress(OSError):
             stat = resolved.stat()
             digest.update(f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def _java() -> Path:
+    """The ``java`` Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on ``PATH``."""
+    java_home = os.environ.get("JAVA_HOME")
+    return Path(java_home, "bin", "java") if java_home else Path(shutil.which("java") or "java")
 
 
 @dataclass(frozen=True)
@@ -240,8 +244,9 @@ class ClassArchive:
             left.unlink(missing_ok=True)  # a training whose process died; we hold the lock
         for left in self.directory.glob(f"{self.key}.*.tmp"):
             shutil.rmtree(left, ignore_errors=True)
-        _remove_files_of_removed_installations(self.directory)
-        (self.directory / f"{self.key}.home").write_text(f"{self.spark_home}\n")
+        installation = f"{self.spark_home}\n{_java().resolve()}\n"
+        _remove_files_of_gone_installations(self.directory, self.key, installation)
+        (self.directory / f"{self.key}.home").write_text(installation)
         return self.directory / f"{self.key}.{os.getpid()}.partial"
 
     def _lock(self) -> Path:
@@ -252,14 +257,24 @@ class ClassArchive:
         return self.directory / f"{self.key}.failed"
 
 
-def _remove_files_of_removed_installations(directory: Path) -> None:
+def _remove_files_of_gone_installations(directory: Path, key: str, installation: str) -> None:
     """Remove the archives (and the rest) of Spark installations that are gone.
 
-    A deleted virtualenv, for instance. Each key's ``KEY.home`` names its installation.
+    Each key's ``KEY.home`` names its installation: the Spark home, and the Java (a record of
+    an older SDK names the home only). Gone: a home that is no longer there (a deleted
+    virtualenv); or, under another key than ``key`` (the one about to be trained), the same
+    home with the same Java as ``installation``: its jars changed since (reinstalled in place,
+    as a fresh checkout's tox environment is), so its archive can never be used again. Another
+    Java's archive of the same home is kept.
     """
+    home, java = installation.splitlines()
     for record in directory.glob("*.home"):
+        if record.stem == key:
+            continue
         with contextlib.suppress(OSError):
-            if not Path(record.read_text().strip()).is_dir():
+            named = record.read_text().splitlines()
+            replaced = named[:1] == [home] and named[1:2] in ([java], [])
+            if replaced or not Path(named[0] if named else "").is_dir():
                 for left in directory.glob(f"{record.stem}[-.]*"):
                     if left.is_dir():
                         shutil.rmtree(left)

@@ -138,15 +138,27 @@ def test_the_archives_of_removed_installations_are_removed_by_the_next_training(
     tmp_path: Path, archive: ClassArchive
 ) -> None:
     removed = tmp_path / "deleted-virtualenv"
+    java = shutil.which("java") if "JAVA_HOME" not in os.environ else None
+    java = Path(java or Path(os.environ["JAVA_HOME"], "bin", "java")).resolve()
     (archive.directory / "gone.home").write_text(f"{removed}\n")
     (archive.directory / "gone-3.jsa").write_bytes(b"abc")
     (archive.directory / "gone.failed").write_text("its training failed as it was deleted")
-    (archive.directory / "kept.home").write_text(f"{archive.spark_home}\n")
-    (archive.directory / "kept-3.jsa").write_bytes(b"abc")
+    # The same home and Java under another key: reinstalled in place, its jars changed (as an
+    # older SDK recorded it too, without the Java). CI's fresh clones left 28 of these, 4.7 GB.
+    records = {"replaced": [archive.spark_home, java], "old": [archive.spark_home]}
+    for replaced, named in records.items():
+        (archive.directory / f"{replaced}.home").write_text("".join(f"{n}\n" for n in named))
+        (archive.directory / f"{replaced}-3.jsa").write_bytes(b"abc")
+    (archive.directory / "other-java.home").write_text(f"{archive.spark_home}\n/opt/jdk21/java\n")
+    (archive.directory / "other-java-3.jsa").write_bytes(b"abc")
     assert archive._claim() is not None
     assert sorted(path.name for path in archive.directory.iterdir()) == sorted(
-        [f"{archive.key}.home", f"{archive.key}.training", "kept-3.jsa", "kept.home"]
+        [f"{archive.key}.home", f"{archive.key}.training", "other-java-3.jsa", "other-java.home"]
     )
+    assert (archive.directory / f"{archive.key}.home").read_text().splitlines() == [
+        str(archive.spark_home),
+        str(java),
+    ]
 
 
 def test_another_spark_installation_gets_another_archive(spark_home: Path) -> None:
