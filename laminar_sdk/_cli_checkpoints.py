@@ -283,7 +283,7 @@ async def _read_log_intact(args: argparse.Namespace) -> bool:
         if named
         else "by decoding them (Spark's offset log is not beside the location)"
     )
-    damaged = await damaged_slices(store, named)
+    damaged = await damaged_slices(store, stored, named)
     print(f"read log at {store.location}: {len(stored)} slice(s) checked {how}")
     needed: dict[CheckpointId, None] = {}
     for path, why in damaged:

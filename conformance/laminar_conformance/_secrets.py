@@ -44,6 +44,20 @@ def secrets_shown(secrets: Mapping[str, str], shown: Mapping[str, str]) -> list[
     ]
 
 
+def assert_no_secret_shown(role: str, secrets: Mapping[str, str], shown: Mapping[str, str]) -> None:
+    """Fail, naming where and which key, when a secret is in a text of ``shown``.
+
+    The failure never holds the value (and :func:`hide_secrets` keeps the report's traceback
+    arguments from showing it).
+    """
+    leaks = secrets_shown(secrets, shown)
+    assert not leaks, (
+        f"the {role} shows a secret of its configuration: {'; '.join(leaks)}. Render a "
+        "configuration with str(config) or config.redacted(), never config.properties, "
+        "and keep secret values out of messages"
+    )
+
+
 class LogRecords(logging.Handler):
     """Every log record emitted while :func:`every_log_record` is on, formatted, by origin."""
 

@@ -69,7 +69,7 @@ from laminar_conformance._kill import KILL_STEPS, Child, kill_in_child
 from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
-from laminar_conformance._secrets import every_log_record, secrets_shown
+from laminar_conformance._secrets import assert_no_secret_shown, every_log_record
 from laminar_conformance._sink_machine import SinkProtocolMachine, open_sink
 from laminar_conformance._skips import skip
 from laminar_conformance._stores import checkpoint_store
@@ -405,12 +405,7 @@ class SinkContractSuite(ConfigurationSuite):
 
         with every_log_record() as records:
             shown = session.run(scenario())
-        leaks = secrets_shown(conformance.secret_values(), shown | records.shown())
-        assert not leaks, (
-            f"the sink shows a secret of its configuration: {'; '.join(leaks)}. Render a "
-            "configuration with str(config) or config.redacted(), never config.properties, "
-            "and keep secret values out of messages"
-        )
+        assert_no_secret_shown("sink", conformance.secret_values(), shown | records.shown())
 
     @check
     def test_schema_evolution_adds_a_column_between_epochs(

@@ -54,7 +54,7 @@ from laminar_conformance._range_reads import (
 )
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SourceRuntimeSuite
-from laminar_conformance._secrets import every_log_record, secrets_shown
+from laminar_conformance._secrets import assert_no_secret_shown, every_log_record
 from laminar_conformance._skips import skip
 from laminar_conformance._source_runs import Committed, SourceSchedule, run_source_epochs
 from laminar_conformance._source_system import SourceSystem, compare
@@ -235,12 +235,7 @@ class SourceContractSuite(ConfigurationSuite):
 
         with every_log_record() as records:
             shown = system.run(scenario())
-        leaks = secrets_shown(conformance.secret_values(), shown | records.shown())
-        assert not leaks, (
-            f"the source shows a secret of its configuration: {'; '.join(leaks)}. Render a "
-            "configuration with str(config) or config.redacted(), never config.properties, "
-            "and keep secret values out of messages"
-        )
+        assert_no_secret_shown("source", conformance.secret_values(), shown | records.shown())
 
 
 class SourceReplaySuite(ConnectorSuite):

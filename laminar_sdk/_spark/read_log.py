@@ -306,15 +306,15 @@ def slices_in_offset_log(offsets: Path) -> dict[str, LoggedMicroBatch]:
 
 
 async def damaged_slices(
-    store: Checkpointer, named: Mapping[str, LoggedMicroBatch]
+    store: Checkpointer, stored: Iterable[str], named: Mapping[str, LoggedMicroBatch]
 ) -> list[tuple[str, str]]:
-    """Every slice in the read log ``store`` that cannot be read back, with why.
+    """Every slice of ``stored`` (in the read log ``store``) that cannot be read back, with why.
 
     A slice Spark's offset log names (``named``, :func:`slices_in_offset_log`) must match
     its SHA-256; any other must decode whole as an Arrow stream.
     """
     damaged = []
-    for path in await store.list_artifacts():
+    for path in stored:
         expected = named.get(path)
         try:
             data = await store.load_artifact(path, sha256=expected.sha256 if expected else None)

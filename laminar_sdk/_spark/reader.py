@@ -377,7 +377,7 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         :raises ReadError: when the entry is gone and the source cannot replay.
         """
-        entry = self._entry_of(end)
+        _, entry = self._end_of(end)
         if entry.checkpoint_id in self._planned or run(self._read_log().holds(entry)):
             return [LoggedInputPartition(logged) for logged in entry.slices]
         if not self._replayable:
@@ -432,20 +432,20 @@ class LaminarPolledReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         store = checkpointer_of(self._options, READ_LOG_DIRECTORY)
         return ReadLog(store, self._options.connector, replayable=self._replayable)
 
-    def _entry_of(self, end: Offset) -> ReadLogEntry:
-        _, entry = split_offset(end)
+    def _end_of(self, end: Offset) -> tuple[SourceCheckpoint, ReadLogEntry]:
+        checkpoint, entry = split_offset(end)
         if entry is None:
             raise ReadError(
                 f"source {self._options.connector!r}: the end offset of this micro-batch names "
                 "no read-log entry. It was planned by an older laminar SDK, which did not log "
                 "what a polled source read: finish the query with that version, or start it over"
             )
-        return entry
+        return checkpoint, entry
 
     async def _replayed(self, partition: ReplayedInputPartition) -> AsyncIterator[pa.RecordBatch]:
         start, _ = split_offset(partition.start)
-        end, _ = split_offset(partition.end)
-        entry, connector = self._entry_of(partition.end), self._options.connector
+        end, entry = self._end_of(partition.end)
+        connector = self._options.connector
         replayed = 0
         async with opened_source(self._options) as source:
             await source.restore(start)

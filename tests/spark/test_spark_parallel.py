@@ -293,10 +293,8 @@ def test_a_replayed_micro_batch_reads_the_same_records_after_more_were_appended(
     assert sorted(read_on_executor(again, end, everything)) == [3, 4, 5, 103]
 
 
-def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+def _polled_micro_batch(tmp_path: Path) -> tuple[CaseInsensitiveDict, dict, dict, list[int]]:
+    """A polled memory source's first micro-batch, planned and read: options, offsets, ids."""
     spool = tmp_path / "source"
     MemorySource.append(spool, range(6), partition=0)
     MemorySource.append(spool, range(100, 104), partition=1)
@@ -307,7 +305,15 @@ def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
     assert isinstance(reader, LaminarPolledReader)
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    first = read_on_executor(reader, start, end)
+    return options, start, end, read_on_executor(reader, start, end)
+
+
+def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(MemorySource, "as_range_readable", lambda self: None)
+    options, start, end, first = _polled_micro_batch(tmp_path)
+    spool = tmp_path / "source"
     assert sorted(first) == [0, 1, 2, 3, 4, 5, 100, 101, 102, 103]
     logged = sorted((tmp_path / "checkpoint" / "laminar" / "read-log").rglob("*.snap"))
     assert len(logged) == 1, "one slice for a small micro-batch"
@@ -326,20 +332,6 @@ def test_a_polled_micro_batch_is_read_from_the_read_log_after_more_was_appended(
     again.commit(end)
     assert not logged[0].exists()
     assert sorted(read_on_executor(again, end, following)) == [6, 7, 8, 200, 201]
-
-
-def _polled_micro_batch(tmp_path: Path) -> tuple[CaseInsensitiveDict, dict, dict, list[int]]:
-    """A polled memory source's first micro-batch, planned and read: options, offsets, ids."""
-    spool = tmp_path / "source"
-    MemorySource.append(spool, range(6), partition=0)
-    MemorySource.append(spool, range(100, 104), partition=1)
-    options = source_options(
-        connector="memory", path=str(spool), checkpointLocation=str(tmp_path / "checkpoint")
-    )
-    reader = _streamReader(LaminarDataSource(options), SCHEMA)
-    start = reader.initialOffset()
-    end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    return options, start, end, read_on_executor(reader, start, end)
 
 
 def _quarantine_command(error: str) -> list[str]:

@@ -223,18 +223,24 @@ def test_config_repr_never_shows_a_password_file_or_variable():
     assert "/run/secret/pg" not in repr(config)
 
 
-def test_run_check_connect_opens_the_sink_on_the_server_and_names_a_missing_table(
-    database, tmp_path, capsys
-):
-    # Without --connect the file is valid; connecting finds what the run would have failed on.
+def generator_into(database, tmp_path, sink: str, table: str):
+    """A pipeline file: 10 generated rows into ``table`` of ``database`` through ``sink``."""
     pipeline = tmp_path / "pipeline.toml"
     settings = database.properties()
     connection = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
     pipeline.write_text(
         f'[source]\nconnector = "generator"\nrows = 10\n\n'
-        f'[sink]\nconnector = "postgres-2pc"\n{connection}table = "missing_table"\n\n'
+        f'[sink]\nconnector = "{sink}"\n{connection}table = "{table}"\n\n'
         f'[pipeline]\ncheckpoint_location = "state"\n'
     )
+    return pipeline
+
+
+def test_run_check_connect_opens_the_sink_on_the_server_and_names_a_missing_table(
+    database, tmp_path, capsys
+):
+    # Without --connect the file is valid; connecting finds what the run would have failed on.
+    pipeline = generator_into(database, tmp_path, "postgres-2pc", "missing_table")
     assert main(["run", "--check", str(pipeline)]) == 0
     capsys.readouterr()
     assert main(["run", "--check", "--connect", str(pipeline)]) == 2
@@ -248,14 +254,7 @@ def test_run_check_connect_names_the_table_a_stream_column_is_missing_from(
 ):
     table = database.name()
     database.execute(f"CREATE TABLE {table} (id bigint, partition integer)")
-    pipeline = tmp_path / "pipeline.toml"
-    settings = database.properties()
-    connection = "".join(f"{key} = {json.dumps(value)}\n" for key, value in settings.items())
-    pipeline.write_text(
-        f'[source]\nconnector = "generator"\nrows = 10\n\n'
-        f'[sink]\nconnector = "postgres"\n{connection}table = "{table}"\n\n'
-        f'[pipeline]\ncheckpoint_location = "state"\n'
-    )
+    pipeline = generator_into(database, tmp_path, "postgres", table)
 
     assert main(["run", "--check", "--connect", str(pipeline)]) == 2
 
