@@ -33,6 +33,7 @@ OTHER_CATEGORIES: Mapping[str, str] = {
     "read-back": "comparing what a sink's destination holds (sinks)",
     "capability": "a capability the connector does not declare or the kit cannot exercise",
     "configuration": "configuration errors for declared keys",
+    "network": "network faults through a proxy (contexts that name their connector's endpoint)",
 }
 """Categories a run may skip without ``--strict`` failing."""
 

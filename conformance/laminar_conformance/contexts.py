@@ -46,6 +46,13 @@ class SinkTestContext(Protocol):
 
     Every instance the kit opens during one case gets :meth:`config`'s result: after a
     simulated crash, the new instance must find what the old one wrote.
+
+    Optional, read when present (a connector that talks to its system over TCP):
+
+    - ``network_endpoint: str | None`` — the ``host:port`` the connector of :meth:`config`
+      connects to;
+    - ``config_through(address: str) -> ConnectorConfig`` — :meth:`config`, connecting to
+      ``address`` (``host:port``) instead: the network-fault checks put a proxy there.
     """
 
     def config(self) -> ConnectorConfig:

@@ -66,6 +66,16 @@ from laminar_conformance._faults import (
 from laminar_conformance._figures import Figures
 from laminar_conformance._inside_crashes import CRASHES_PER_RUN, coverage, crash_at_chosen_points
 from laminar_conformance._kill import KILL_STEPS, Child, kill_in_child
+from laminar_conformance._network import (
+    CALL_TIMEOUT_S,
+    NETWORK_FAULTS,
+    FaultWindow,
+    NetworkFault,
+    WatchedSink,
+    fault_problems,
+    faulted_steps,
+    proxied_config,
+)
 from laminar_conformance._probe import skip_if_turned_off
 from laminar_conformance._report import PROBED_PROPERTY
 from laminar_conformance._runtime_checks import SinkRuntimeSuite
@@ -112,6 +122,7 @@ __all__ = [
     "SinkContractSuite",
     "SinkDistributedCommitSuite",
     "SinkEpochProtocolSuite",
+    "SinkNetworkSuite",
     "SinkRecoverySuite",
     "SinkRuntimeSuite",
     "SinkSuite",
@@ -1380,11 +1391,95 @@ class SinkDistributedCommitSuite(ConnectorSuite):
         session.run(scenario())
 
 
+class SinkNetworkSuite(ConnectorSuite):
+    """Network faults between the sink and its destination, through a proxy."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SINK
+
+    @pytest.mark.parametrize("fault", NETWORK_FAULTS, ids=lambda fault: fault.name)
+    @check
+    def test_a_network_fault_ends_calls_cleanly_and_loses_nothing(
+        self, conformance: Target, fault: NetworkFault
+    ) -> None:
+        """Three epochs through a proxy that turns ``fault`` on at a step of epoch 1.
+
+        For contexts that name their connector's ``network_endpoint`` and give
+        ``config_through(address)``. The fault starts before ``write_batch``,
+        ``pre_commit`` or ``commit_epoch`` (one seeded step in ``quick``, each in ``full``) and
+        stops when a call under it fails, or after ``commit_epoch``. Latency and low bandwidth
+        must only slow the calls down. Under resets and a blackhole, the call must end within
+        the runtime's call timeout with a ``ConnectorError`` naming the address it connects to
+        (transient for ``commit_epoch`` and ``rollback_epoch``, which the runtime retries) —
+        not hang, not wait for the runtime to cancel it. Then a new instance
+        recovers and runs on: every id must be visible once (at least once for an
+        at-least-once sink).
+        """
+        for step in faulted_steps(conformance, fault):
+            _run_under_network_fault(conformance, fault, step)
+
+
+_FAILURES_AFTER_A_NETWORK_FAULT = 3
+"""Epochs that may fail from the fault on: the one it struck, and those that found a connection
+it left broken (each fails once and its instance goes; the next opens a new connection)."""
+
+
+def _run_under_network_fault(target: Target, fault: NetworkFault, step: ProtocolStep) -> None:
+    session = _Session(target)
+    try:
+        proxy, config = proxied_config(session.context)
+    except BaseException:
+        session.context.close()
+        raise
+    session.properties = dict(config.properties)
+    window = FaultWindow(proxy, fault, step, epoch=1)
+    # Epoch 1's 2,000 records take a second through the low-bandwidth link.
+    epochs = [[[0, 1]], [list(range(2, 2002))], [[2002, 2003]]]
+
+    async def scenario() -> Counter[int]:
+        store = checkpoint_store(target.new_checkpoint_directory())
+        policy = RetryPolicy(call_timeout_s=CALL_TIMEOUT_S, attempts=1, backoff_s=0.0)
+        epoch, failures = 0, 0
+        while epoch < len(epochs):
+            sink = WatchedSink(await session.open(), window)
+            coordinator = EpochCoordinator(
+                store, {"sink": sink}, policy=policy, observer=window.observe
+            )
+            try:
+                await coordinator.recover()
+                epoch = coordinator.next_epoch
+                while epoch < len(epochs):
+                    batches = [session.context.batch(ids) for ids in epochs[epoch]]
+                    await coordinator.run_epoch(epoch, batches, {})
+                    epoch += 1
+            except Exception:
+                failures += 1
+                if failures > _FAILURES_AFTER_A_NETWORK_FAULT or not window.calls:
+                    raise  # not the fault's doing: before it, or long after it cleared
+            finally:
+                with contextlib.suppress(Exception):
+                    await sink.close()
+        return session.visible()
+
+    try:
+        visible = session.run(scenario())
+    finally:
+        window.off()
+        proxy.delete()
+    problems = fault_problems(window)
+    assert not problems, "; ".join(problems)
+    problems = _delivery_problems(visible, epochs, _capabilities(target).exactly_once)
+    assert not problems, (
+        f"after {fault.name} ({fault.happens}) from {step.value} of epoch 1 on, and recovery: "
+        + "; ".join(problems)
+    )
+
+
 class SinkSuite(
     SinkContractSuite,
     SinkEpochProtocolSuite,
     SinkRecoverySuite,
     SinkDistributedCommitSuite,
     SinkRuntimeSuite,
+    SinkNetworkSuite,
 ):
     """Every sink check: contract, epoch protocol, recovery, distributed commit, Spark's demands."""

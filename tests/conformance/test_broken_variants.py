@@ -12,6 +12,8 @@ author would, with test contexts that declare nothing (no ``partitions``, no ``l
 the kit must find the source's partitions and live appends by probing, and catch each bug with
 the quick profile; the correct source and sinks pass the checks the tests read with seed 1 (in
 ``tox -e full``: whole runs with seeds 1, 2 and 3, and the checks that catch the variants).
+``outsider_network.py``'s PostgreSQL sinks, on pg8000, run the network-fault checks through
+Toxiproxy: the one without a network timeout hangs on a blackholed connection.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from laminar_conformance._network import NETWORK_FAULTS
 from laminar_conformance.sink import STALE_SCHEDULES
 
 HERE = Path(__file__).parent
@@ -181,6 +184,10 @@ STORE_TWINS = [
 ]
 INSIDE_A_CALL = "test_delivery_survives_a_crash_at_each_point_inside_a_call"
 STORE_VARIANTS = [(f"outsider-{store}-marker-apart", "sink", INSIDE_A_CALL) for store in STORES]
+# A PostgreSQL sink written with pg8000 and no network timeout (outsider_network.py): its calls
+# hang on a blackholed connection. Its twin, with pg8000's socket timeout, passes every fault.
+NETWORK = "test_a_network_fault_ends_calls_cleanly_and_loses_nothing"
+NETWORK_VARIANTS = [("outsider-pg8000-without-a-timeout", "sink", NETWORK)]
 # The correct outsider connectors pass, with seed 1, the checks the tests below read (CI:
 # `1:read`), and in `tox -e full` a whole run with seeds 1, 2 and 3 and the checks that catch
 # their broken variants again with seeds 2 and 3 (`SEED:catching`). A whole run of each is the
@@ -295,6 +302,10 @@ def runs(tmp_path_factory, selected_params):
             start(connector, connector, role, plugin="outsider", checks=(catching,))
         for connector, role, catching in STORE_VARIANTS:
             start(connector, connector, role, plugin="outsider_stores", checks=(catching,))
+        for connector, role, catching in NETWORK_VARIANTS:
+            start(connector, connector, role, plugin="outsider_network", checks=(catching,))
+        twin = "outsider-pg8000"
+        start(twin, twin, "sink", plugin="outsider_network", checks=(NETWORK,))
         start(
             "outsider-outbox",
             "outsider-outbox",
@@ -329,7 +340,8 @@ def passing_report(runs, run: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("connector", "role", "catching_check"), VARIANTS + OUTSIDER_VARIANTS + STORE_VARIANTS
+    ("connector", "role", "catching_check"),
+    VARIANTS + OUTSIDER_VARIANTS + STORE_VARIANTS + NETWORK_VARIANTS,
 )
 def test_the_kit_catches_the_broken_variant(runs, connector, role, catching_check):
     result, report = runs[connector]
@@ -353,6 +365,23 @@ def test_the_correct_outsider_sinks_pass_every_check_including_real_kills(runs, 
         for schedule in STALE_SCHEDULES:
             check = f"{STALE}[{schedule.name}]"
             assert f"| {check} | passed |" in text, f"{check} did not pass:\n{text}"
+
+
+@pytest.mark.slow
+def test_a_sink_without_a_network_timeout_is_caught_hanging_on_a_silent_connection(runs):
+    text = runs["outsider-pg8000-without-a-timeout"][1].read_text()
+    for fault in NETWORK_FAULTS:
+        outcome = "failed" if fault.name == "blackhole" else "passed"
+        assert f"| {NETWORK}[{fault.name}] | {outcome} |" in text, text
+    assert "did not end within" in text
+    assert "with no timeout" in text
+
+
+@pytest.mark.slow
+def test_the_correct_pg8000_sink_ends_its_calls_under_every_network_fault(runs):
+    text = passing_report(runs, "outsider-pg8000")
+    for fault in NETWORK_FAULTS:
+        assert f"| {NETWORK}[{fault.name}] | passed |" in text, text
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 Each service is chosen the same way: an address from an environment variable wins (an existing
 cluster); otherwise a container where a Docker engine answers; otherwise a process this
-package starts on loopback from the system's own published artifacts.
+package starts on loopback from the system's own published artifacts. Toxiproxy, the proxy of
+the network-fault checks, is always a local process (:func:`toxiproxy_server`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ from laminar_conformance.services._postgres import (
     postgres_service,
 )
 from laminar_conformance.services._process import ServiceError, die_with_parent, spawn
+from laminar_conformance.services._toxiproxy import (
+    TOXIPROXY_SERVER_VARIABLE,
+    TOXIPROXY_VERSION,
+    Proxy,
+    Toxic,
+    ToxiproxyServer,
+    resolve_toxiproxy_server,
+    toxiproxy_server,
+)
 
 __all__ = [
     "KAFKA_BOOTSTRAP_VARIABLE",
@@ -41,13 +51,18 @@ __all__ = [
     "POSTGRES_PASSWORD_FILE_VARIABLE",
     "POSTGRES_USER",
     "SERVER_SETTINGS",
+    "TOXIPROXY_SERVER_VARIABLE",
+    "TOXIPROXY_VERSION",
     "KafkaService",
     "LocalKafka",
     "LocalPostgres",
     "PostgresService",
+    "Proxy",
     "S3Endpoint",
     "ServiceError",
     "ServiceProvider",
+    "Toxic",
+    "ToxiproxyServer",
     "choose_kafka_provider",
     "choose_postgres_provider",
     "die_with_parent",
@@ -59,5 +74,7 @@ __all__ = [
     "postgres_service",
     "resolve_kafka_jars",
     "resolve_maven_jars",
+    "resolve_toxiproxy_server",
     "spawn",
+    "toxiproxy_server",
 ]

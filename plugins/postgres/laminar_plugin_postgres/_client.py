@@ -5,15 +5,26 @@ being closed — a connector instance abandoned by a crash, as the conformance k
 — closes its connection at once, as the operating system would for a killed process: the
 server then aborts its open transaction and releases its locks (a prepared transaction stays,
 as it must).
+
+Every connector call waits on the server for at most ``network.timeout.s``
+(:func:`bounded_by_network_timeout`): then its sessions' sockets are shut down, which ends
+whatever waits on them — psycopg's own waits and the COPY reader's thread alike — and the call
+fails with a retriable :class:`~laminar_sdk.ConnectionFailed` naming the server. A connection
+that went silent (a dead router, a partition, a blackholing firewall) otherwise blocks a call
+forever: TCP keeps a connection whose peer stopped answering open for hours.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import os
 import select
+import socket
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import psycopg
 from laminar_sdk import ConnectionFailed, ConnectorError, TransactionError, WriteError
@@ -55,6 +66,16 @@ class Session:
         """Close the connection (an open transaction is rolled back by the server)."""
         await self.connection.close()
 
+    def cut(self) -> None:
+        """Shut the socket down: every wait on it ends at once, as when the peer closed it.
+
+        The descriptor stays open (psycopg still watches it); the connection is broken.
+        """
+        with contextlib.suppress(psycopg.Error, OSError):
+            duplicate = socket.socket(fileno=os.dup(self.connection.pgconn.socket))
+            with duplicate:
+                duplicate.shutdown(socket.SHUT_RDWR)
+
 
 async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> Session:
     """A new session, in UTC and ISO date style.
@@ -78,6 +99,7 @@ async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> 
             "password.file, or libpq's PGPASSWORD and passfile) and that the server runs"
         ) from None
     session = Session(connection, settings)
+    settings.sessions.add(session)
     try:
         await session.execute(_SESSION_SETTINGS)
         if not autocommit:
@@ -86,6 +108,70 @@ async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> 
         await connection.close()
         raise failure(settings, "set up the session", error) from None
     return session
+
+
+@contextlib.asynccontextmanager
+async def answered_within(settings: ConnectionSettings, action: str) -> AsyncIterator[None]:
+    """Bound the server waits of the block to ``settings.network_timeout_s``.
+
+    When the time is up, every open session made with ``settings`` is cut
+    (:meth:`Session.cut`); whatever the block then raises becomes a :class:`ConnectionFailed`
+    naming the server and ``action``.
+    """
+    timeout = settings.network_timeout_s
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        for session in list(settings.sessions):
+            session.cut()
+
+    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    try:
+        yield
+    except Exception as error:
+        if not expired:
+            raise
+        raise ConnectionFailed(
+            f"{settings.connector}: the server at {settings.endpoint} did not answer within "
+            f"{timeout}s (network.timeout.s) while trying to {action}; its connections were "
+            "closed and nothing of the unfinished transaction was committed; the runtime "
+            "retries (check the network path to the server)"
+        ) from error
+    finally:
+        timer.cancel()
+
+
+class _Connected(Protocol):
+    @property
+    def connection_settings(self) -> ConnectionSettings | None: ...
+
+
+_Self = TypeVar("_Self", bound=_Connected)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def bounded_by_network_timeout(
+    method: Callable[Concatenate[_Self, _P], Coroutine[Any, Any, _R]],
+) -> Callable[Concatenate[_Self, _P], Coroutine[Any, Any, _R]]:
+    """Run a connector's call :func:`answered_within` its ``network.timeout.s``.
+
+    A connector that is not open (``connection_settings`` is ``None``) runs the call as it is,
+    which raises its own error.
+    """
+
+    @functools.wraps(method)
+    async def bounded(self: _Self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        settings = self.connection_settings
+        if settings is None:
+            return await method(self, *args, **kwargs)
+        shown = ", ".join(repr(argument) for argument in args if isinstance(argument, int))
+        async with answered_within(settings, f"{method.__name__}({shown})"):
+            return await method(self, *args, **kwargs)
+
+    return bounded
 
 
 def _first_line(error: BaseException) -> str:
@@ -110,7 +196,8 @@ def failure(
     detail = f"{message} (SQLSTATE {state})" if state else message
     if isinstance(error, psycopg.OperationalError) and state in (None, "57P01", "57P02", "57P03"):
         return ConnectionFailed(
-            f"{settings.connector}: the connection was lost while trying to {action}: {detail}; "
+            f"{settings.connector}: the connection to {settings.endpoint} was lost while trying "
+            f"to {action}: {detail}; "
             "nothing of the unfinished transaction was committed; the runtime retries"
         )
     return kind(f"{settings.connector}: cannot {action}: {detail}")

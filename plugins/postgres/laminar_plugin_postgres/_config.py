@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -72,6 +74,16 @@ CONNECTION_KEYS = (
         default="10",
         value_type=int,
         description="how long connecting may take, in seconds",
+    ),
+    ConfigKeySpec(
+        "network.timeout.s",
+        default="30",
+        value_type=int,
+        description=(
+            "how long one connector call may wait on the server, in seconds; then its "
+            "connections are closed and the call fails with a retriable error (keep it below "
+            "the runtime's call timeout, 60 s)"
+        ),
     ),
 )
 """The keys every connector of the plugin connects with."""
@@ -229,6 +241,9 @@ class ConnectionSettings:
     :param password_env: the variable holding the password, if configured.
     :param password_file: the file holding the password, if configured.
     :param connect_timeout_s: the bound on connecting.
+    :param network_timeout_s: the bound on one connector call's wait on the server.
+    :param sessions: the open sessions made with these settings, which a call that waited
+        too long closes (:func:`~laminar_plugin_postgres._client.answered_within`).
     """
 
     connector: str
@@ -236,6 +251,19 @@ class ConnectionSettings:
     password_env: str | None = field(default=None, repr=False)
     password_file: Path | None = field(default=None, repr=False)
     connect_timeout_s: int = 10
+    network_timeout_s: int = 30
+    sessions: weakref.WeakSet[Any] = field(
+        default_factory=weakref.WeakSet, repr=False, compare=False, hash=False
+    )
+
+    @property
+    def endpoint(self) -> str:
+        """The server's address as the dsn gives it: ``host:port`` (libpq's defaults filled)."""
+        try:
+            parts = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        except psycopg.Error:
+            return "the server of dsn"
+        return f"{parts.get('host') or 'localhost'}:{parts.get('port') or 5432}"
 
     def password(self) -> str | None:
         """The password from ``password.env`` or ``password.file``; ``None``: libpq's own.
@@ -380,17 +408,18 @@ def connection_settings(config: ConnectorConfig, connector: str) -> ConnectionSe
             f"{connector}: set one of password.env and password.file, not both",
             key="password.file",
         )
-    timeout = config.get_parsed("connect.timeout.s", int, 10)
-    if timeout < 1:
-        raise ConfigurationError(
-            f"{connector}: connect.timeout.s must be at least 1", key="connect.timeout.s"
-        )
+    timeouts = {}
+    for key, default in (("connect.timeout.s", 10), ("network.timeout.s", 30)):
+        timeouts[key] = config.get_parsed(key, int, default)
+        if timeouts[key] < 1:
+            raise ConfigurationError(f"{connector}: {key} must be at least 1", key=key)
     return ConnectionSettings(
         connector,
         dsn,
         password_env,
         Path(password_file).expanduser() if password_file else None,
-        timeout,
+        timeouts["connect.timeout.s"],
+        timeouts["network.timeout.s"],
     )
 
 

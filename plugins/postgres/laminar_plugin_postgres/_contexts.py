@@ -28,6 +28,8 @@ SINK_SCHEMA = pa.schema([pa.field("id", pa.int64())])
 """The schema of the sink contexts' tables (one ``bigint`` column)."""
 
 _PREFIX = "laminar_conformance_"
+NETWORK_TIMEOUT_S = 5
+"""``network.timeout.s`` and ``connect.timeout.s`` of a connector the kit puts a proxy before."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,14 @@ class Server:
         if self.password_file is not None:
             found["password.file"] = str(self.password_file)
         return found
+
+    def endpoint(self) -> str | None:
+        """The server's ``host:port``, or ``None`` when the dsn names a Unix socket."""
+        parts = psycopg.conninfo.conninfo_to_dict(self.dsn)
+        host = str(parts.get("host") or "")
+        if not host or host.startswith("/"):
+            return None
+        return f"{host}:{parts.get('port') or 5432}"
 
     def connect(self) -> psycopg.Connection[Any]:
         """An autocommit connection (for the contexts' own statements)."""
@@ -129,6 +139,30 @@ class PostgresSinkContext:
         if self._mode == "two-phase":
             return ConnectorConfig("postgres-2pc", properties)
         return ConnectorConfig("postgres", {**properties, "staging.location": str(self._staging)})
+
+    @property
+    def network_endpoint(self) -> str | None:
+        """The server's ``host:port`` (``None`` for a Unix socket: no proxy fits there)."""
+        return self._server.endpoint()
+
+    def config_through(self, address: str) -> ConnectorConfig:
+        """:meth:`config`, connecting to ``address`` (``host:port``), with short timeouts.
+
+        The kit's network-fault checks put a proxy at ``address``; the timeouts keep a call
+        on a silent connection to seconds (the defaults are 30 s and 10 s).
+        """
+        config = self.config()
+        host, _, port = address.rpartition(":")
+        dsn = psycopg.conninfo.make_conninfo(config.properties["dsn"], host=host, port=port)
+        return ConnectorConfig(
+            config.connector_type,
+            {
+                **config.properties,
+                "dsn": dsn,
+                "network.timeout.s": str(NETWORK_TIMEOUT_S),
+                "connect.timeout.s": str(NETWORK_TIMEOUT_S),
+            },
+        )
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
         """One row per id."""

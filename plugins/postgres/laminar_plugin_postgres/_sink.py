@@ -82,6 +82,7 @@ from psycopg import sql
 
 from laminar_plugin_postgres._client import (
     Session,
+    bounded_by_network_timeout,
     connect,
     failure,
     qualified,
@@ -322,6 +323,12 @@ class PostgresSink(SinkConnector):
         if writer is not None:
             await writer.session.close()
 
+    @property
+    def connection_settings(self) -> ConnectionSettings | None:
+        """How the open sink connects (``None`` when it is not open)."""
+        writer = self._lifecycle.state
+        return None if writer is None else writer.settings.connection
+
     def schema(self) -> pa.Schema:
         """The declared ``schema``, or the table's columns as Arrow types."""
         return self._lifecycle.require("schema").schema
@@ -330,6 +337,7 @@ class PostgresSink(SinkConnector):
         """Exactly once, and nothing visible before ``commit_epoch`` (two-phase commit)."""
         return SinkConnectorCapabilities().with_exactly_once().with_two_phase_commit()
 
+    @bounded_by_network_timeout
     async def last_committed_epoch(self) -> int | None:
         """The newest epoch the marker table records for ``sink.id`` (``-1``: none).
 
@@ -347,6 +355,7 @@ class PostgresSink(SinkConnector):
 
     # The epoch protocol ---------------------------------------------------------------------
 
+    @bounded_by_network_timeout
     async def begin_epoch(self, epoch: int) -> None:
         """Open the epoch's transaction, or skip an epoch committed before.
 
@@ -383,6 +392,7 @@ class PostgresSink(SinkConnector):
         gid = make_gid(settings.sink_id, epoch, uuid.uuid4().hex[:12])
         writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
 
+    @bounded_by_network_timeout
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Copy the batch's rows into the epoch's transaction (upsert: upsert them).
 
@@ -420,6 +430,7 @@ class PostgresSink(SinkConnector):
         self._bytes_total += len(data)
         return WriteResult(batch.num_rows, len(data))
 
+    @bounded_by_network_timeout
     async def pre_commit(self, epoch: int) -> None:
         """Make the epoch durable and invisible (append: staged; two-phase: prepared).
 
@@ -468,6 +479,7 @@ class PostgresSink(SinkConnector):
             current.in_transaction = False  # prepared (two-phase) or committed (upsert)
         current.phase = _Phase.PRE_COMMITTED
 
+    @bounded_by_network_timeout
     async def commit_epoch(self, epoch: int) -> None:
         """Publish the epoch: commit its transaction with the marker, or ``COMMIT PREPARED``.
 
@@ -496,6 +508,7 @@ class PostgresSink(SinkConnector):
             await _commit_staged(writer, epoch)
         await _discard_staged(settings, epoch)
 
+    @bounded_by_network_timeout
     async def rollback_epoch(self, epoch: int) -> None:
         """Discard the epoch: roll back its transaction(s) and remove its staged copy.
 
@@ -1025,6 +1038,7 @@ class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
         """This sink: each write task prepares its own transaction."""
         return self
 
+    @bounded_by_network_timeout
     async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
         """Prepare a transaction holding this task's share of ``epoch``; return its id.
 
@@ -1063,6 +1077,7 @@ class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
         crash_point("task-prepared")
         return gid
 
+    @bounded_by_network_timeout
     async def commit_aggregated(self, epoch: int, descriptors: Sequence[str]) -> None:
         """``COMMIT PREPARED`` the named transactions; roll back the epoch's others.
 

@@ -74,6 +74,12 @@ def test_the_plugin_registers_its_three_connectors(registry):
         ("postgres", "sink", {"dsn": "host=x", "table": "t"}, "staging.location"),
         ("postgres", "sink", {"dsn": "host=x", "table": "t", "tabel": "u"}, "tabel"),
         (
+            "postgres-2pc",
+            "sink",
+            {"dsn": "host=x", "table": "t", "network.timeout.s": "0"},
+            "network.timeout.s",
+        ),
+        (
             "postgres",
             "source",
             {

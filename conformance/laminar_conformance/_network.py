@@ -1,0 +1,313 @@
+"""Network faults between a connector and the system it talks to, through Toxiproxy.
+
+A test context that names the address its connector connects to (``network_endpoint``) and
+gives a configuration pointed elsewhere (``config_through(address)``) gets a proxy put between
+the two (:mod:`laminar_conformance.services._toxiproxy`). The checks turn a fault on at a
+protocol step of an epoch and off when the call under it ends: a correct connector's call
+ends, within the runtime's call timeout, with its answer (latency, bandwidth) or with a
+:class:`~laminar_sdk.ConnectorError` naming the address (resets, a blackhole), transient for the
+calls the runtime retries; the runtime then recovers and nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pyarrow as pa
+
+from laminar_conformance._skips import skip
+from laminar_conformance._suite import Target
+from laminar_conformance.services import Proxy, ServiceError, Toxic, toxiproxy_server
+from laminar_sdk import (
+    ConnectorConfig,
+    ConnectorError,
+    ForwardingSink,
+    ProtocolStep,
+    SinkConnector,
+    WriteResult,
+)
+
+CALL_TIMEOUT_S = 20.0
+"""The runtime's call timeout in the network checks: a connector's own network timeouts must
+end a call on a silent connection sooner, with an error that names where it connects."""
+PATIENCE_S = CALL_TIMEOUT_S + 25.0
+"""From the fault on, how long the kit waits for the call under it to end before it calls the
+call hung and closes the proxy's connections to free it. A hung call never ends on its own, so
+the margin over :data:`CALL_TIMEOUT_S` only has to outlast a loaded machine's delays."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkFault:
+    """One kind of fault, as the toxics that make it.
+
+    :param name: the check's parameter (``blackhole``).
+    :param happens: what the connection does, for messages.
+    :param answered: whether the connector's requests are still answered (only slower): its
+        calls must then succeed.
+    """
+
+    name: str
+    happens: str
+    toxics: tuple[Toxic, ...]
+    answered: bool
+
+
+NETWORK_FAULTS = (
+    NetworkFault(
+        "latency",
+        "every answer is delayed by 250 ms",
+        (Toxic("latency", "latency", "downstream", {"latency": 250, "jitter": 0}),),
+        answered=True,
+    ),
+    NetworkFault(
+        "reset",
+        "every connection is reset (TCP RST), and so is every new one",
+        (Toxic("reset", "reset_peer", "downstream", {"timeout": 0}),),
+        answered=False,
+    ),
+    NetworkFault(
+        "blackhole",
+        "the connections stay open but carry nothing either way (a partition)",
+        (
+            Toxic("blackhole-down", "timeout", "downstream", {"timeout": 0}),
+            Toxic("blackhole-up", "timeout", "upstream", {"timeout": 0}),
+        ),
+        answered=False,
+    ),
+    NetworkFault(
+        "bandwidth",
+        "both directions are cut to 16 KB/s",
+        (
+            Toxic("bandwidth-down", "bandwidth", "downstream", {"rate": 16}),
+            Toxic("bandwidth-up", "bandwidth", "upstream", {"rate": 16}),
+        ),
+        answered=True,
+    ),
+)
+RETRIED_CALLS = ("commit_epoch", "rollback_epoch")
+"""The calls the runtime retries on a transient error; a failed ``write_batch`` or
+``pre_commit`` fails the epoch whatever the error says (it is rolled back and written again)."""
+FAULTED_STEPS = (ProtocolStep.WRITE, ProtocolStep.PRE_COMMIT, ProtocolStep.COMMIT)
+"""The steps a fault may start at: before ``write_batch``, ``pre_commit``, ``commit_epoch``."""
+
+
+def faulted_steps(target: Target, fault: NetworkFault) -> tuple[ProtocolStep, ...]:
+    """Where ``fault`` starts in this run: every step in ``full``, one seeded step otherwise."""
+    if target.profile.name == "full":
+        return FAULTED_STEPS
+    chooser = random.Random(f"{target.seed}:{fault.name}")  # noqa: S311 - a seeded choice
+    return (chooser.choice(FAULTED_STEPS),)
+
+
+def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
+    """A proxy before the context's endpoint, and the configuration that connects through it.
+
+    Skips the check (category ``network``) when the context names no endpoint, or no
+    Toxiproxy can be had here (saying what to install).
+    """
+    endpoint = getattr(context, "network_endpoint", None)
+    through = getattr(context, "config_through", None)
+    if not endpoint or not callable(through):
+        skip(
+            "network",
+            "the test context names no network_endpoint ('host:port') with a "
+            "config_through(address) method, so the kit cannot put a proxy in between",
+        )
+    try:
+        proxy = toxiproxy_server().proxy(str(endpoint))
+    except ServiceError as error:
+        skip("network", str(error))
+    config = through(proxy.listen)
+    if not isinstance(config, ConnectorConfig):
+        proxy.delete()
+        raise AssertionError(
+            f"the test context's config_through({proxy.listen!r}) returned {config!r}, not a "
+            "laminar_sdk.ConnectorConfig"
+        )
+    return proxy, config
+
+
+@dataclass(slots=True)
+class CallUnderFault:
+    """A call made while the fault was on: its name, how it ended, how long it took."""
+
+    name: str
+    error: BaseException | None
+    seconds: float
+
+
+@dataclass(slots=True)
+class FaultWindow:
+    """The fault turned on at ``step`` of ``epoch``, off once a call met it (:meth:`watched`).
+
+    Its :meth:`observe` is the coordinator's observer. A watchdog thread gives up on a call
+    after :data:`PATIENCE_S`: it marks :attr:`hung`, turns the fault off and closes the
+    proxy's connections, which frees a call blocked on them.
+    """
+
+    proxy: Proxy
+    fault: NetworkFault
+    step: ProtocolStep
+    epoch: int
+    calls: list[CallUnderFault] = field(default_factory=list)
+    hung: threading.Event = field(default_factory=threading.Event)
+    _on: bool = False
+    _done: bool = False
+    _watchdog: threading.Timer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def on(self) -> bool:
+        """Whether the fault is on now."""
+        return self._on
+
+    def observe(self, step: ProtocolStep, epoch: int) -> None:
+        """Turn the fault on when the coordinator reaches ``step`` of ``epoch`` (once)."""
+        if step is not self.step or epoch != self.epoch or self._done:
+            return
+        for toxic in self.fault.toxics:
+            self.proxy.add(toxic)
+        self._on = self._done = True
+        self._watchdog = threading.Timer(PATIENCE_S, self._give_up)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _give_up(self) -> None:
+        self.hung.set()
+        self.off()
+        self.proxy.cut()
+
+    def off(self) -> None:
+        """Turn the fault off (idempotent)."""
+        with self._lock:
+            if not self._on:
+                return
+            self._on = False
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+            self.proxy.clear()
+
+    async def watched(self, name: str, call: Coroutine[object, object, T]) -> T:
+        """Await ``call``; when it ran under the fault, record it.
+
+        The fault ends after the first call that fails under it; a fault that leaves answers
+        coming (latency, bandwidth) ends after the epoch's ``commit_epoch`` too. A call may
+        have no network I/O to fail on (an upsert sink's ``commit_epoch``): a blackhole or
+        reset then stays on into the next epoch, until a call meets it.
+        """
+        if not self._on:
+            return await call
+        started = time.monotonic()
+        try:
+            result = await call
+        except BaseException as error:
+            self.calls.append(CallUnderFault(name, error, time.monotonic() - started))
+            self.off()
+            raise
+        self.calls.append(CallUnderFault(name, None, time.monotonic() - started))
+        if name == "commit_epoch" and self.fault.answered:
+            self.off()
+        return result
+
+
+class WatchedSink(ForwardingSink):
+    """A sink whose protocol calls go through :meth:`FaultWindow.watched`."""
+
+    def __init__(self, sink: SinkConnector, window: FaultWindow) -> None:
+        super().__init__(sink)
+        self._window = window
+
+    async def begin_epoch(self, epoch: int) -> None:
+        """``begin_epoch``, watched."""
+        await self._window.watched("begin_epoch", self.wrapped.begin_epoch(epoch))
+
+    async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
+        """``write_batch``, watched."""
+        return await self._window.watched("write_batch", self.wrapped.write_batch(batch))
+
+    async def pre_commit(self, epoch: int) -> None:
+        """``pre_commit``, watched."""
+        await self._window.watched("pre_commit", self.wrapped.pre_commit(epoch))
+
+    async def commit_epoch(self, epoch: int) -> None:
+        """``commit_epoch``, watched."""
+        await self._window.watched("commit_epoch", self.wrapped.commit_epoch(epoch))
+
+    async def rollback_epoch(self, epoch: int) -> None:
+        """``rollback_epoch``, watched."""
+        await self._window.watched("rollback_epoch", self.wrapped.rollback_epoch(epoch))
+
+
+def fault_problems(window: FaultWindow) -> list[str]:
+    """What the connector did wrong under the fault, in words (empty: nothing)."""
+    fault, proxy = window.fault, window.proxy
+    under = f"while {fault.happens} (from {window.step.value} of epoch {window.epoch} on)"
+    if window.hung.is_set():
+        name = window.calls[-1].name if window.calls else "a call"
+        return [
+            f"{name} did not end within {PATIENCE_S:g}s {under}: the connector waits on "
+            f"{proxy.listen} with no timeout, and blocks the runtime's own timeout "
+            f"({CALL_TIMEOUT_S:g}s) too (blocking I/O in a coroutine). Give every network "
+            "wait a timeout (a socket timeout, a driver's timeout option) and run blocking "
+            "calls off the event loop"
+        ]
+    if not window.calls:
+        return [f"no call ran under the fault ({under}): the kit could not test it"]
+    failed = [call for call in window.calls if call.error is not None]
+    if fault.answered:
+        return [
+            f"{call.name} failed {under}, though every request was still answered: "
+            f"{_described(call.error)}; a slow network is not a broken one — do not set "
+            "network timeouts that tight"
+            for call in failed
+        ]
+    if not failed:
+        names = ", ".join(sorted({call.name for call in window.calls}))
+        return [
+            f"every call to the end of the run ({names}) returned normally {under}: the "
+            f"connector does not connect through {proxy.listen}, the address config_through() "
+            "gave it (a Kafka broker must advertise the proxy's address; a client must not "
+            "reconnect elsewhere)"
+        ]
+    call = failed[0]
+    error = call.error
+    if isinstance(error, asyncio.CancelledError | TimeoutError):
+        return [
+            f"{call.name} was ended only by the runtime's call timeout ({CALL_TIMEOUT_S:g}s) "
+            f"{under}: the connector has no timeout of its own, and where nothing bounds its "
+            "call (a write task) it waits forever. Give every network wait a timeout shorter "
+            "than the runtime's, and raise a retriable ConnectorError naming the endpoint"
+        ]
+    problems = []
+    if not isinstance(error, ConnectorError):
+        problems.append(
+            f"{call.name} raised {_described(error)} {under}: not a laminar_sdk.ConnectorError, "
+            "so the runtime cannot tell whether to retry; raise ConnectionFailed (transient)"
+        )
+    elif call.name in RETRIED_CALLS and not error.is_transient:
+        problems.append(
+            f"{call.name} raised {_described(error)} {under}: not transient, so the runtime "
+            f"does not retry it, though {call.name} is idempotent and a retry after the "
+            "network recovers would succeed; raise laminar_sdk.ConnectionFailed (or any "
+            "ConnectorError whose is_transient is True)"
+        )
+    host, _, port = proxy.listen.rpartition(":")
+    if port not in str(error) or host not in str(error):
+        problems.append(
+            f"{call.name}'s error {under} does not name the endpoint {proxy.listen} "
+            f"(host and port): {_described(error)}; say where the connector connects, so "
+            "that whoever reads it knows which link failed"
+        )
+    return problems
+
+
+def _described(error: BaseException | None) -> str:
+    return f"{type(error).__name__}: {error}"[:500]
