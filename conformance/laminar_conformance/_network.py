@@ -110,6 +110,10 @@ def faulted_steps(target: Target, fault: NetworkFault) -> tuple[ProtocolStep, ..
 def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
     """A proxy before the context's endpoint, and the configuration that connects through it.
 
+    The proxy listens where the context's ``network_proxy_listen`` says, if it says (a system
+    that tells its clients where to reconnect, such as a Kafka broker's advertised listener),
+    else on a free port.
+
     Skips the check (category ``network``) when the context names no endpoint, or no
     Toxiproxy can be had here (saying what to install).
     """
@@ -121,8 +125,9 @@ def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
             "the test context names no network_endpoint ('host:port') with a "
             "config_through(address) method, so the kit cannot put a proxy in between",
         )
+    listen = getattr(context, "network_proxy_listen", None) or "127.0.0.1:0"
     try:
-        proxy = toxiproxy_server().proxy(str(endpoint))
+        proxy = toxiproxy_server().proxy(str(endpoint), str(listen))
     except ServiceError as error:
         skip("network", str(error))
     config = through(proxy.listen)

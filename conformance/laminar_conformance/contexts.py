@@ -52,7 +52,10 @@ class SinkTestContext(Protocol):
     - ``network_endpoint: str | None`` — the ``host:port`` the connector of :meth:`config`
       connects to;
     - ``config_through(address: str) -> ConnectorConfig`` — :meth:`config`, connecting to
-      ``address`` (``host:port``) instead: the network-fault checks put a proxy there.
+      ``address`` (``host:port``) instead: the network-fault checks put a proxy there;
+    - ``network_proxy_listen: str | None`` — where that proxy must listen (default: a free
+      port), for a system that tells its clients where to reconnect (a Kafka broker's
+      advertised listener).
     """
 
     def config(self) -> ConnectorConfig:

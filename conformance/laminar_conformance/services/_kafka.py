@@ -393,12 +393,30 @@ class LocalKafka:
         self._timeout = start_timeout_s
         self._port = free_port()
         self._controller_port = free_port()
+        self._proxied_port = free_port()
+        self._proxy_port = free_port()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         """``127.0.0.1:PORT`` of the broker."""
         return f"127.0.0.1:{self._port}"
+
+    @property
+    def proxied_listener(self) -> str:
+        """``127.0.0.1:PORT`` of a second listener, which advertises :attr:`proxy_address`.
+
+        A client bootstrapped through a proxy at :attr:`proxy_address` in front of this
+        listener is told to reconnect to the proxy, not to the broker: every connection it
+        makes goes through the proxy (the kit's network-fault checks). The clients of
+        :attr:`bootstrap_servers` never see it.
+        """
+        return f"127.0.0.1:{self._proxied_port}"
+
+    @property
+    def proxy_address(self) -> str:
+        """Where a proxy of :attr:`proxied_listener` must listen: the address it advertises."""
+        return f"127.0.0.1:{self._proxy_port}"
 
     @property
     def log_path(self) -> Path:
@@ -416,7 +434,8 @@ class LocalKafka:
         self._workdir.mkdir(parents=True, exist_ok=True)
         properties = self._workdir / "server.properties"
         data = self._workdir / "data"
-        _write_properties(properties, data, self._port, self._controller_port)
+        ports = _Ports(self._port, self._controller_port, self._proxied_port, self._proxy_port)
+        _write_properties(properties, data, ports)
         if not (data / _META_PROPERTIES).is_file():  # a restart, or a work directory reused
             _format_log_directory(data, libs, _formatted_log_directory(self._version))
         with self.log_path.open("ab") as log:
@@ -556,18 +575,31 @@ def _format_template(template: Path, libs: Path) -> None:
             data.rename(template)
 
 
-def _write_properties(path: Path, data: Path, port: int, controller_port: int) -> None:
+@dataclass(frozen=True, slots=True)
+class _Ports:
+    """The broker's listeners: clients', the controller's, the one behind a proxy, the proxy's."""
+
+    client: int
+    controller: int
+    proxied: int
+    proxy: int
+
+
+def _write_properties(path: Path, data: Path, ports: _Ports) -> None:
     """Write a one-node KRaft configuration to ``path``: its log directory ``data``."""
+    client, proxied = f"127.0.0.1:{ports.client}", f"127.0.0.1:{ports.proxied}"
+    controller = f"127.0.0.1:{ports.controller}"
     path.write_text(
         "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-                f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+                f"controller.quorum.voters=1@{controller}",
+                f"listeners=PLAINTEXT://{client},PROXIED://{proxied},CONTROLLER://{controller}",
+                f"advertised.listeners=PLAINTEXT://{client},PROXIED://127.0.0.1:{ports.proxy}",
                 "controller.listener.names=CONTROLLER",
-                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                "listener.security.protocol.map="
+                "PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT",
                 "inter.broker.listener.name=PLAINTEXT",
                 f"log.dirs={data}",
                 "num.partitions=1",

@@ -195,14 +195,12 @@ class ToxiproxyServer:
             raise ServiceError(f"Toxiproxy did not answer {method} {path}: {error}") from None
         return json.loads(text) if text else None
 
-    def proxy(self, upstream: str) -> Proxy:
-        """A new proxy of ``upstream`` (``host:port``) on a free loopback port."""
+    def proxy(self, upstream: str, listen: str = "127.0.0.1:0") -> Proxy:
+        """A new proxy of ``upstream`` (``host:port``) at ``listen`` (default: a free port)."""
         with self._lock:
             self._names += 1
             name = f"laminar-{os.getpid()}-{self._names}"
-        made = self.call(
-            "POST", "/proxies", {"name": name, "listen": "127.0.0.1:0", "upstream": upstream}
-        )
+        made = self.call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream})
         return Proxy(self, name, str(made["listen"]), upstream)
 
     def close(self) -> None:

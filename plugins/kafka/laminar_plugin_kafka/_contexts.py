@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
 from confluent_kafka import (
@@ -43,6 +43,9 @@ from laminar_plugin_kafka._client import (
 )
 from laminar_plugin_kafka._config import EPOCHS_TOPIC_CONFIG, ClientSettings, default_epochs_topic
 
+if TYPE_CHECKING:
+    from laminar_conformance.services import KafkaService
+
 SINK_SCHEMA = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary())])
 """The ``kafka`` sink's default schema, which the sink context writes."""
 
@@ -52,10 +55,12 @@ _VISIBLE_POLL_S = 0.02
 _BATCH = 8  # topics created, and deleted, per request
 _SINK_PARTITIONS = 2
 _EXIT_PROBE_S = 3.0
+NETWORK_TIMEOUT_MS = 5000
+"""``timeout.ms`` and ``flush.timeout.ms`` of a sink the kit puts a proxy before."""
 
 
 @functools.cache
-def shared_bootstrap_servers() -> str:
+def shared_service() -> KafkaService:
     """The brokers every context of this process uses, found or started on first use.
 
     ``laminar_conformance.services.kafka_service()`` decides: ``LAMINAR_KAFKA_BOOTSTRAP``, a
@@ -66,7 +71,12 @@ def shared_bootstrap_servers() -> str:
     stack = contextlib.ExitStack()
     service = stack.enter_context(kafka_service())
     atexit.register(stack.close)
-    return service.bootstrap_servers
+    return service
+
+
+def shared_bootstrap_servers() -> str:
+    """``bootstrap.servers`` of :func:`shared_service`."""
+    return shared_service().bootstrap_servers
 
 
 def _settings(bootstrap: str) -> ClientSettings:
@@ -322,6 +332,29 @@ class KafkaSinkContext:
                 "staging.dir": str(self._staging),
                 "kafka.linger.ms": "1",
             },
+        )
+
+    @property
+    def network_endpoint(self) -> str | None:
+        """The local broker's listener that advertises :attr:`network_proxy_listen`.
+
+        ``None`` for a cluster the kit did not start, whose listeners it cannot add to.
+        """
+        local = shared_service().local
+        return None if local is None else local.proxied_listener
+
+    @property
+    def network_proxy_listen(self) -> str | None:
+        """Where the proxy must listen: the address the broker tells clients to connect to."""
+        local = shared_service().local
+        return None if local is None else local.proxy_address
+
+    def config_through(self, address: str) -> ConnectorConfig:
+        """:meth:`config`, bootstrapped at ``address``, with 5 s timeouts."""
+        config = self.config()
+        timeouts = {key: str(NETWORK_TIMEOUT_MS) for key in ("timeout.ms", "flush.timeout.ms")}
+        return ConnectorConfig(
+            config.connector_type, {**config.properties, "bootstrap.servers": address, **timeouts}
         )
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
