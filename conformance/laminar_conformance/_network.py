@@ -33,13 +33,13 @@ from laminar_sdk import (
     WriteResult,
 )
 
-CALL_TIMEOUT_S = 20.0
+NETWORK_CALL_TIMEOUT_S = 20.0
 """The runtime's call timeout in the network checks: a connector's own network timeouts must
 end a call on a silent connection sooner, with an error that names where it connects."""
-PATIENCE_S = CALL_TIMEOUT_S + 25.0
+PATIENCE_S = NETWORK_CALL_TIMEOUT_S + 25.0
 """From the fault on, how long the kit waits for the call under it to end before it calls the
 call hung and closes the proxy's connections to free it. A hung call never ends on its own, so
-the margin over :data:`CALL_TIMEOUT_S` only has to outlast a loaded machine's delays."""
+the margin over :data:`NETWORK_CALL_TIMEOUT_S` only has to outlast a loaded machine's delays."""
 
 T = TypeVar("T")
 
@@ -151,7 +151,9 @@ class CallUnderFault:
 
 @dataclass(slots=True)
 class FaultWindow:
-    """The fault turned on at ``step`` of ``epoch``, off once a call met it (:meth:`watched`).
+    """A fault turned on, then off once a call met it (:meth:`watched`).
+
+    On at ``step`` of ``epoch`` through the coordinator's observer, or by :meth:`turn_on`.
 
     Its :meth:`observe` is the coordinator's observer. A watchdog thread gives up on a call
     after :data:`PATIENCE_S`: it marks :attr:`hung`, turns the fault off and closes the
@@ -160,8 +162,8 @@ class FaultWindow:
 
     proxy: Proxy
     fault: NetworkFault
-    step: ProtocolStep
-    epoch: int
+    step: ProtocolStep | None = None
+    epoch: int = 1
     calls: list[CallUnderFault] = field(default_factory=list)
     hung: threading.Event = field(default_factory=threading.Event)
     _on: bool = False
@@ -176,7 +178,12 @@ class FaultWindow:
 
     def observe(self, step: ProtocolStep, epoch: int) -> None:
         """Turn the fault on when the coordinator reaches ``step`` of ``epoch`` (once)."""
-        if step is not self.step or epoch != self.epoch or self._done:
+        if step is self.step and epoch == self.epoch:
+            self.turn_on()
+
+    def turn_on(self) -> None:
+        """Turn the fault on (once), and start the watchdog."""
+        if self._done:
             return
         for toxic in self.fault.toxics:
             self.proxy.add(toxic)
@@ -251,18 +258,24 @@ class WatchedSink(ForwardingSink):
         await self._window.watched("rollback_epoch", self.wrapped.rollback_epoch(epoch))
 
 
-def fault_problems(window: FaultWindow) -> list[str]:
-    """What the connector did wrong under the fault, in words (empty: nothing)."""
+def fault_problems(window: FaultWindow, *, must_fail: bool = True) -> list[str]:
+    """What the connector did wrong under the fault, in words (empty: nothing).
+
+    :param must_fail: whether a call must fail under a fault that leaves no answers (a sink
+        cannot commit without its system; a source's poll may return nothing, or what it
+        holds, instead).
+    """
     fault, proxy = window.fault, window.proxy
-    under = f"while {fault.happens} (from {window.step.value} of epoch {window.epoch} on)"
+    since = "" if window.step is None else f" (from {window.step.value} of epoch {window.epoch} on)"
+    under = f"while {fault.happens}{since}"
     if window.hung.is_set():
         name = window.calls[-1].name if window.calls else "a call"
         return [
             f"{name} did not end within {PATIENCE_S:g}s {under}: the connector waits on "
             f"{proxy.listen} with no timeout, and blocks the runtime's own timeout "
-            f"({CALL_TIMEOUT_S:g}s) too (blocking I/O in a coroutine). Give every network "
-            "wait a timeout (a socket timeout, a driver's timeout option) and run blocking "
-            "calls off the event loop"
+            f"({NETWORK_CALL_TIMEOUT_S:g}s) too (blocking I/O in a coroutine, or a call that "
+            "ignores its cancellation). Give every network wait a timeout (a socket timeout, "
+            "a driver's timeout option) and run blocking calls off the event loop"
         ]
     if not window.calls:
         return [f"no call ran under the fault ({under}): the kit could not test it"]
@@ -274,22 +287,29 @@ def fault_problems(window: FaultWindow) -> list[str]:
             "network timeouts that tight"
             for call in failed
         ]
-    if not failed:
-        names = ", ".join(sorted({call.name for call in window.calls}))
-        return [
-            f"every call to the end of the run ({names}) returned normally {under}: the "
-            f"connector does not connect through {proxy.listen}, the address config_through() "
-            "gave it (a Kafka broker must advertise the proxy's address; a client must not "
-            "reconnect elsewhere)"
-        ]
-    call = failed[0]
+    if failed:
+        return _error_problems(failed[0], proxy.listen, under)
+    if not must_fail:
+        return []
+    names = ", ".join(sorted({call.name for call in window.calls}))
+    return [
+        f"every call to the end of the run ({names}) returned normally {under}: the connector "
+        f"does not connect through {proxy.listen}, the address config_through() gave it (a "
+        "Kafka broker must advertise the proxy's address; a client must not reconnect "
+        "elsewhere)"
+    ]
+
+
+def _error_problems(call: CallUnderFault, endpoint: str, under: str) -> list[str]:
+    """What is wrong with how ``call`` failed under the fault."""
     error = call.error
     if isinstance(error, asyncio.CancelledError | TimeoutError):
         return [
-            f"{call.name} was ended only by the runtime's call timeout ({CALL_TIMEOUT_S:g}s) "
-            f"{under}: the connector has no timeout of its own, and where nothing bounds its "
-            "call (a write task) it waits forever. Give every network wait a timeout shorter "
-            "than the runtime's, and raise a retriable ConnectorError naming the endpoint"
+            f"{call.name} was ended only by the runtime's call timeout "
+            f"({NETWORK_CALL_TIMEOUT_S:g}s) {under}: the connector has no timeout of its own, "
+            "and where nothing bounds its call (a Spark task) it waits forever. Give every "
+            "network wait a timeout shorter than the runtime's, and raise a ConnectorError "
+            "naming the endpoint"
         ]
     problems = []
     if not isinstance(error, ConnectorError):
@@ -304,12 +324,12 @@ def fault_problems(window: FaultWindow) -> list[str]:
             "network recovers would succeed; raise laminar_sdk.ConnectionFailed (or any "
             "ConnectorError whose is_transient is True)"
         )
-    host, _, port = proxy.listen.rpartition(":")
+    host, _, port = endpoint.rpartition(":")
     if port not in str(error) or host not in str(error):
         problems.append(
-            f"{call.name}'s error {under} does not name the endpoint {proxy.listen} "
-            f"(host and port): {_described(error)}; say where the connector connects, so "
-            "that whoever reads it knows which link failed"
+            f"{call.name}'s error {under} does not name the endpoint {endpoint} (host and "
+            f"port): {_described(error)}; say where the connector connects, so that whoever "
+            "reads it knows which link failed"
         )
     return problems
 

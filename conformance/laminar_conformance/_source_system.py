@@ -43,6 +43,8 @@ class SourceSystem:
         self.state_directory = target.new_state_directory()
         """Where :attr:`state` is kept (a child process the kit kills opens it there too)."""
         self.state = target.new_state_store(self.state_directory)
+        self.through: str | None = None
+        """An address the instances connect to instead (the context's ``config_through``)."""
         self._next_id = itertools.count()
 
     def append(self, counts: list[int]) -> None:
@@ -63,9 +65,14 @@ class SourceSystem:
 
     async def open(self, checkpoint: SourceCheckpoint | None = None) -> SourceConnector:
         """A new instance, opened, and restored from ``checkpoint`` (via its JSON) if given."""
+        config = (
+            self.context.config()
+            if self.through is None
+            else self.context.config_through(self.through)  # type: ignore[attr-defined]
+        )
         with CALL_TIMES.timing("the source's open()"):
             source, _ = await self.target.plugins.registry.open_source(
-                self.target.connector, self.context.config().properties, state_store=self.state
+                self.target.connector, config.properties, state_store=self.state
             )
         if checkpoint is not None:
             await source.restore(SourceCheckpoint.from_json(checkpoint.to_json()))

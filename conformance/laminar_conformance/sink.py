@@ -67,7 +67,7 @@ from laminar_conformance._figures import Figures
 from laminar_conformance._inside_crashes import CRASHES_PER_RUN, coverage, crash_at_chosen_points
 from laminar_conformance._kill import KILL_STEPS, Child, kill_in_child
 from laminar_conformance._network import (
-    CALL_TIMEOUT_S,
+    NETWORK_CALL_TIMEOUT_S,
     NETWORK_FAULTS,
     FaultWindow,
     NetworkFault,
@@ -1437,7 +1437,7 @@ def _run_under_network_fault(target: Target, fault: NetworkFault, step: Protocol
 
     async def scenario() -> Counter[int]:
         store = checkpoint_store(target.new_checkpoint_directory())
-        policy = RetryPolicy(call_timeout_s=CALL_TIMEOUT_S, attempts=1, backoff_s=0.0)
+        policy = RetryPolicy(call_timeout_s=NETWORK_CALL_TIMEOUT_S, attempts=1, backoff_s=0.0)
         epoch, failures = 0, 0
         while epoch < len(epochs):
             sink = WatchedSink(await session.open(), window)

@@ -24,6 +24,7 @@ records polling returned between them, and ``plan_end`` ends where polling ends.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from collections import Counter
@@ -45,6 +46,14 @@ from laminar_conformance._faults import (
 from laminar_conformance._figures import Figures
 from laminar_conformance._inside_crashes import coverage, crash_at_chosen_points
 from laminar_conformance._kill import Child, kill_source_in_child
+from laminar_conformance._network import (
+    NETWORK_CALL_TIMEOUT_S,
+    NETWORK_FAULTS,
+    FaultWindow,
+    NetworkFault,
+    fault_problems,
+    proxied_config,
+)
 from laminar_conformance._probe import skip_if_turned_off, source_traits
 from laminar_conformance._range_reads import (
     RangeCase,
@@ -70,6 +79,7 @@ from laminar_sdk import (
 
 __all__ = [
     "SourceContractSuite",
+    "SourceNetworkSuite",
     "SourceRangeReadSuite",
     "SourceReplaySuite",
     "SourceRuntimeSuite",
@@ -754,5 +764,84 @@ class SourceRangeReadSuite(ConnectorSuite):
         system.run(plan_on_an_instance_kept_open(system, figures))
 
 
-class SourceSuite(SourceContractSuite, SourceReplaySuite, SourceRangeReadSuite, SourceRuntimeSuite):
+NETWORK_RECORDS_PER_PARTITION = 6
+"""What the network-fault check appends to each partition before it reads."""
+NETWORK_POLLS = 20
+"""The most polls under the fault: the first that raises or returns nothing ends them."""
+
+
+class SourceNetworkSuite(ConnectorSuite):
+    """Network faults between the source and its system, through a proxy."""
+
+    role: ClassVar[ConnectorRole] = ConnectorRole.SOURCE
+
+    @pytest.mark.parametrize("fault", NETWORK_FAULTS, ids=lambda fault: fault.name)
+    @check
+    def test_a_network_fault_ends_polls_and_loses_nothing(
+        self, conformance: Target, fault: NetworkFault
+    ) -> None:
+        """Records read through a proxy, a checkpoint, then polls under ``fault``.
+
+        For contexts that name their connector's ``network_endpoint`` and give
+        ``config_through(address)``. Each poll under the fault must end within the runtime's
+        call timeout (the polls go on until one returns nothing or raises): returning what it
+        holds or nothing, or raising a ``ConnectorError``
+        that names the address it connects to — not hang, not wait to be cancelled. Latency
+        and low bandwidth must fail no poll. Then the fault clears, and the checkpoint,
+        restored on a new instance, must return every record after it once.
+        """
+        _require_replay(conformance)
+        system = SourceSystem(conformance)
+        try:
+            proxy, _ = proxied_config(system.context)
+        except BaseException:
+            system.context.close()
+            raise
+        system.through = proxy.listen
+        system.append([NETWORK_RECORDS_PER_PARTITION] * system.partitions)
+        window = FaultWindow(proxy, fault)
+
+        async def scenario() -> tuple[Counter[int], list[int]]:
+            source = await system.open()
+            before = Delivery()
+            while before.ids == [] and await system.poll(source, 2, before):
+                pass
+            checkpoint = source.checkpoint()
+            window.turn_on()
+            with contextlib.suppress(Exception):
+                for _ in range(NETWORK_POLLS):
+                    bounded = asyncio.wait_for(source.poll_batch(2), NETWORK_CALL_TIMEOUT_S)
+                    if await window.watched("poll_batch", bounded) is None:
+                        break  # what the source held is read: the next polls need the network
+            window.off()
+            with contextlib.suppress(Exception):
+                await source.close()
+            returned = Counter(before.ids)
+            restored = await system.open(checkpoint)
+            rest = Delivery()
+            await system.drain(restored, rest, system.appended.total() - returned.total())
+            await restored.close()
+            return returned, rest.ids
+
+        try:
+            returned, rest = system.run(scenario())
+        finally:
+            window.off()
+            proxy.delete()
+        problems = fault_problems(window, must_fail=False)
+        assert not problems, "; ".join(problems)
+        compare(
+            rest,
+            system.appended - returned,
+            f"after {fault.name} ({fault.happens}) and a restore of the checkpoint taken before it",
+        )
+
+
+class SourceSuite(
+    SourceContractSuite,
+    SourceReplaySuite,
+    SourceRangeReadSuite,
+    SourceRuntimeSuite,
+    SourceNetworkSuite,
+):
     """Every source check: contract, replay, range reads, and what Spark demands of it."""

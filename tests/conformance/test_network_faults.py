@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from laminar_conformance._network import (
-    CALL_TIMEOUT_S,
+    NETWORK_CALL_TIMEOUT_S,
     NETWORK_FAULTS,
     CallUnderFault,
     FaultWindow,
@@ -125,7 +125,7 @@ def test_a_hung_call_is_reported_as_waiting_with_no_timeout():
 def test_a_call_only_the_runtime_cancelled_is_reported():
     window = _window("reset", CallUnderFault("write_batch", asyncio.CancelledError(), 20.0))
     (problem,) = fault_problems(window)
-    assert f"only by the runtime's call timeout ({CALL_TIMEOUT_S:g}s)" in problem
+    assert f"only by the runtime's call timeout ({NETWORK_CALL_TIMEOUT_S:g}s)" in problem
 
 
 def test_a_retried_call_must_fail_transiently_and_name_the_endpoint():

@@ -557,7 +557,8 @@ def _format_template(template: Path, libs: Path) -> None:
     with tempfile.TemporaryDirectory(prefix=f"{template.name}.", dir=template.parent) as aside:
         properties, data = Path(aside, "server.properties"), Path(aside, "data")
         # Ports are written, never bound: formatting starts no listener.
-        _write_properties(properties, data, free_port(), free_port())
+        ports = _Ports(free_port(), free_port(), free_port(), free_port())
+        _write_properties(properties, data, ports)
         result = subprocess.run(
             _java_command(
                 libs,

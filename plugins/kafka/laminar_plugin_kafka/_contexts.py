@@ -56,7 +56,7 @@ _BATCH = 8  # topics created, and deleted, per request
 _SINK_PARTITIONS = 2
 _EXIT_PROBE_S = 3.0
 NETWORK_TIMEOUT_MS = 5000
-"""``timeout.ms`` and ``flush.timeout.ms`` of a sink the kit puts a proxy before."""
+"""The timeouts of a connector the kit puts a proxy before."""
 
 
 @functools.cache
@@ -310,29 +310,19 @@ class _CommittedReader:
         self._consumer.close()
 
 
-class KafkaSinkContext:
-    """The ``kafka`` sink (exactly-once) writing to a fresh two-partition topic.
+class _ThroughAProxy:
+    """What the kit's network-fault checks need of a context.
 
-    :param workdir: where the sink stages pre-committed epochs.
+    The broker's proxied listener, and a configuration bootstrapped through the proxy, with
+    5 s timeouts.
     """
 
-    def __init__(self, workdir: Path) -> None:
-        self._topics = topics(shared_bootstrap_servers())
-        self._topic = self._topics.take(_SINK_PARTITIONS, with_epochs_topic=True)
-        self._staging = workdir / "staging"
-        self._reader = _CommittedReader(self._topics, self._topic, _SINK_PARTITIONS)
+    NETWORK_TIMEOUT_KEYS: ClassVar[tuple[str, ...]] = ("timeout.ms",)
+    """The connector's keys set to :data:`NETWORK_TIMEOUT_MS` behind the proxy."""
 
     def config(self) -> ConnectorConfig:
-        """The sink writing this context's topic, staging in the work directory."""
-        return ConnectorConfig(
-            "kafka",
-            {
-                "bootstrap.servers": self._topics.bootstrap,
-                "topic": self._topic,
-                "staging.dir": str(self._staging),
-                "kafka.linger.ms": "1",
-            },
-        )
+        """The connector's configuration (each context's own)."""
+        raise NotImplementedError
 
     @property
     def network_endpoint(self) -> str | None:
@@ -352,9 +342,36 @@ class KafkaSinkContext:
     def config_through(self, address: str) -> ConnectorConfig:
         """:meth:`config`, bootstrapped at ``address``, with 5 s timeouts."""
         config = self.config()
-        timeouts = {key: str(NETWORK_TIMEOUT_MS) for key in ("timeout.ms", "flush.timeout.ms")}
+        timeouts = {key: str(NETWORK_TIMEOUT_MS) for key in self.NETWORK_TIMEOUT_KEYS}
         return ConnectorConfig(
             config.connector_type, {**config.properties, "bootstrap.servers": address, **timeouts}
+        )
+
+
+class KafkaSinkContext(_ThroughAProxy):
+    """The ``kafka`` sink (exactly-once) writing to a fresh two-partition topic.
+
+    :param workdir: where the sink stages pre-committed epochs.
+    """
+
+    NETWORK_TIMEOUT_KEYS = ("timeout.ms", "flush.timeout.ms")
+
+    def __init__(self, workdir: Path) -> None:
+        self._topics = topics(shared_bootstrap_servers())
+        self._topic = self._topics.take(_SINK_PARTITIONS, with_epochs_topic=True)
+        self._staging = workdir / "staging"
+        self._reader = _CommittedReader(self._topics, self._topic, _SINK_PARTITIONS)
+
+    def config(self) -> ConnectorConfig:
+        """The sink writing this context's topic, staging in the work directory."""
+        return ConnectorConfig(
+            "kafka",
+            {
+                "bootstrap.servers": self._topics.bootstrap,
+                "topic": self._topic,
+                "staging.dir": str(self._staging),
+                "kafka.linger.ms": "1",
+            },
         )
 
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
@@ -373,7 +390,7 @@ class KafkaSinkContext:
             self._topics.release(self._topic, default_epochs_topic(self._topic))
 
 
-class KafkaSourceContext:
+class KafkaSourceContext(_ThroughAProxy):
     """The ``kafka`` source reading a fresh topic that grows to three partitions.
 
     The topic starts with two partitions; the first record appended to the third increases

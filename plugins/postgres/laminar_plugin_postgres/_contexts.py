@@ -110,7 +110,44 @@ def _fresh_name() -> str:
     return f"{_PREFIX}{uuid.uuid4().hex[:16]}"
 
 
-class PostgresSinkContext:
+class _ThroughAProxy:
+    """What the kit's network-fault checks need of a context.
+
+    The server's address, and the context's configuration connecting elsewhere.
+    """
+
+    _server: Server
+
+    def config(self) -> ConnectorConfig:
+        """The connector's configuration (each context's own)."""
+        raise NotImplementedError
+
+    @property
+    def network_endpoint(self) -> str | None:
+        """The server's ``host:port`` (``None`` for a Unix socket: no proxy fits there)."""
+        return self._server.endpoint()
+
+    def config_through(self, address: str) -> ConnectorConfig:
+        """:meth:`config`, connecting to ``address`` (``host:port``), with short timeouts.
+
+        The kit's network-fault checks put a proxy at ``address``; the timeouts keep a call
+        on a silent connection to seconds (the defaults are 30 s and 10 s).
+        """
+        config = self.config()
+        host, _, port = address.rpartition(":")
+        dsn = psycopg.conninfo.make_conninfo(config.properties["dsn"], host=host, port=port)
+        return ConnectorConfig(
+            config.connector_type,
+            {
+                **config.properties,
+                "dsn": dsn,
+                "network.timeout.s": str(NETWORK_TIMEOUT_S),
+                "connect.timeout.s": str(NETWORK_TIMEOUT_S),
+            },
+        )
+
+
+class PostgresSinkContext(_ThroughAProxy):
     """A sink of the plugin writing a fresh table ``(id bigint)``.
 
     :param workdir: where the ``postgres`` sink stages pre-committed epochs.
@@ -140,30 +177,6 @@ class PostgresSinkContext:
             return ConnectorConfig("postgres-2pc", properties)
         return ConnectorConfig("postgres", {**properties, "staging.location": str(self._staging)})
 
-    @property
-    def network_endpoint(self) -> str | None:
-        """The server's ``host:port`` (``None`` for a Unix socket: no proxy fits there)."""
-        return self._server.endpoint()
-
-    def config_through(self, address: str) -> ConnectorConfig:
-        """:meth:`config`, connecting to ``address`` (``host:port``), with short timeouts.
-
-        The kit's network-fault checks put a proxy at ``address``; the timeouts keep a call
-        on a silent connection to seconds (the defaults are 30 s and 10 s).
-        """
-        config = self.config()
-        host, _, port = address.rpartition(":")
-        dsn = psycopg.conninfo.make_conninfo(config.properties["dsn"], host=host, port=port)
-        return ConnectorConfig(
-            config.connector_type,
-            {
-                **config.properties,
-                "dsn": dsn,
-                "network.timeout.s": str(NETWORK_TIMEOUT_S),
-                "connect.timeout.s": str(NETWORK_TIMEOUT_S),
-            },
-        )
-
     def batch(self, ids: Sequence[int]) -> pa.RecordBatch:
         """One row per id."""
         return pa.RecordBatch.from_arrays([pa.array(list(ids), pa.int64())], schema=SINK_SCHEMA)
@@ -187,7 +200,7 @@ class PostgresSinkContext:
             _execute("DELETE FROM laminar_sink_epochs WHERE sink_id = %s", (sink_id,))
 
 
-class PostgresSourceContext:
+class PostgresSourceContext(_ThroughAProxy):
     """The ``postgres`` (keyset) source reading a fresh table in three range partitions.
 
     The table is ``(part int, id bigint primary key)``; partition ``p`` holds the rows whose

@@ -48,7 +48,14 @@ from laminar_sdk import (
 from laminar_sdk.reference import Lifecycle
 from psycopg import sql
 
-from laminar_plugin_postgres._client import Session, connect, copy_out, failure, qualified
+from laminar_plugin_postgres._client import (
+    Session,
+    bounded_by_network_timeout,
+    connect,
+    copy_out,
+    failure,
+    qualified,
+)
 from laminar_plugin_postgres._config import (
     SOURCE_KEYS,
     SOURCE_NAME,
@@ -194,10 +201,17 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
         if reader is not None:
             await reader.session.close()
 
+    @property
+    def connection_settings(self) -> ConnectionSettings | None:
+        """How the open source connects (``None`` when it is not open)."""
+        reader = self._lifecycle.state
+        return None if reader is None else reader.settings.connection
+
     def schema(self) -> pa.Schema:
         """The columns read, as Arrow types."""
         return self._lifecycle.require("schema").schema
 
+    @bounded_by_network_timeout
     async def poll_batch(self, max_records: int) -> SourceBatch | None:
         """Up to ``max_records`` rows of one partition after its last key; partitions in turn.
 
@@ -242,6 +256,7 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
         """This source: its partitions can be read range by range, in parallel."""
         return self
 
+    @bounded_by_network_timeout
     async def plan_end(self, start: SourceCheckpoint, max_records: int | None) -> SourceCheckpoint:
         """Each partition's key ``max_records`` rows (shared fairly) after ``start``, or its last.
 
