@@ -131,8 +131,9 @@ def _spark_plan(args: argparse.Namespace, profile: Profile) -> str:
         return SPARK_MISSING
     else:
         where = f"PySpark {importlib.metadata.version('pyspark')}"
+    on = "a local Spark Connect server" if args.spark_connect else "local Spark"
     return (
-        f"on local Spark ({where}), {profile.spark_cases} pipeline(s) killed at "
+        f"on {on} ({where}), {profile.spark_cases} pipeline(s) killed at "
         f"{profile.spark_crashes} crash point(s) each and restarted"
     )
 
@@ -180,6 +181,42 @@ def _check_spark_python(args: argparse.Namespace) -> None:
     os.environ[SPARK_PYTHON_VARIABLE] = python
 
 
+_CONNECT_CLIENT = "import pyspark.sql.connect.session"
+
+
+def _check_spark_connect(args: argparse.Namespace) -> None:
+    """Run the Spark children as Connect clients, whose Python must have the client's extra.
+
+    :raises ConfigurationError: naming the flag and what to install, when it lacks it.
+    """
+    if not args.spark_connect:
+        return
+    from laminar_conformance._spark_pipeline import (  # noqa: PLC0415
+        SPARK_CONNECT_VARIABLE,
+        spark_python,
+    )
+
+    python = spark_python()
+    # From standard input, not -c: PySpark takes a main module without a file for its
+    # doctests, and skips its dependency check then.
+    found = subprocess.run(
+        [python, "-"],
+        input=_CONNECT_CLIENT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    if found.returncode != 0:
+        said = (found.stderr.strip().splitlines() or ["it printed nothing"])[-1]
+        raise ConfigurationError(
+            f"--spark-connect: {python} cannot run a Spark Connect client ({said}): install "
+            f"PySpark's connect extra there, e.g. `{python} -m pip install 'pyspark[connect]'`",
+            key="--spark-connect",
+        )
+    os.environ[SPARK_CONNECT_VARIABLE] = "1"
+
+
 def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) -> str:
     parts = ["laminar conformance run", spec.name, "--role", str(spec.role), "--seed", str(seed)]
     if args.profile != "quick":
@@ -196,6 +233,8 @@ def _replay_command(args: argparse.Namespace, spec: ConnectorSpec, seed: int) ->
         parts += ["--spark-crashes", args.spark_crashes]
     if args.spark_python is not None:
         parts += ["--spark-python", str(args.spark_python)]
+    if args.spark_connect:
+        parts.append("--spark-connect")
     return " ".join(parts)
 
 
@@ -221,7 +260,14 @@ def _run(args: argparse.Namespace) -> int:
             "layer out: drop one of them",
             key="--spark-python",
         )
+    if args.spark_connect and args.no_spark:
+        raise ConfigurationError(
+            "--spark-connect runs the Spark layer from Spark Connect clients and --no-spark "
+            "leaves the layer out: drop one of them",
+            key="--spark-connect",
+        )
     _check_spark_python(args)
+    _check_spark_connect(args)
     try:
         extra = [importlib.import_module(name) for name in args.plugin]
     except ImportError as error:
@@ -535,6 +581,15 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
         help=(
             "run the Spark layer's pipelines with this Python: another environment's, with "
             "another PySpark (and the kit and the plugin installed there)"
+        ),
+    )
+    run.add_argument(
+        "--spark-connect",
+        action="store_true",
+        help=(
+            "run the Spark layer's pipelines from Spark Connect clients, each against a local "
+            "Connect server started from the PySpark installation (the server's Python workers "
+            "run the plugin; the client needs pyspark[connect])"
         ),
     )
     run.add_argument(

@@ -119,11 +119,18 @@ def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
     """
     endpoint = getattr(context, "network_endpoint", None)
     through = getattr(context, "config_through", None)
-    if not endpoint or not callable(through):
+    if not callable(through):
         skip(
             "network",
             "the test context names no network_endpoint ('host:port') with a "
             "config_through(address) method, so the kit cannot put a proxy in between",
+        )
+    if not endpoint:
+        skip(
+            "network",
+            "the test context's network_endpoint is None: its system has no address the kit "
+            "can put a proxy before (a Kafka cluster named by LAMINAR_KAFKA_BOOTSTRAP without "
+            "LAMINAR_KAFKA_PROXIED, a server on a Unix socket)",
         )
     listen = getattr(context, "network_proxy_listen", None) or "127.0.0.1:0"
     try:

@@ -7,11 +7,13 @@ has nothing more, and exits 0 — or dies where ``LAMINAR_SPARK_CRASH_AT`` says,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
 import shutil
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,12 +28,14 @@ from laminar_conformance._spark_pipeline import (
     CRASH_AT_VARIABLE,
     RECORD_KEY,
     RELEASE,
+    SPARK_CONNECT_VARIABLE,
     STANDBY_FLAG,
     TAKE_RECORDS,
     IdsTransform,
     SparkPipeline,
     record_id,
 )
+from laminar_conformance.services import LocalSparkConnect
 from laminar_sdk.spark import build_session
 
 FAST_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -39,18 +43,49 @@ FAST_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 collector start it seconds sooner, which matters with several children sharing the cores."""
 
 
-def session(pipeline: SparkPipeline) -> SparkSession:
-    """A Spark session for ``pipeline``: its master, a quickly started driver, no progress bar."""
-    spark = build_session(
-        master=pipeline.master,
-        app_name="laminar-conformance",
-        **{
-            "spark.driver.extraJavaOptions": FAST_START,
-            "spark.ui.showConsoleProgress": "false",
-        },
-    )
+DRIVER_SETTINGS = {
+    "spark.driver.extraJavaOptions": FAST_START,
+    "spark.ui.showConsoleProgress": "false",
+}
+
+
+def connected() -> bool:
+    """Whether this child runs its pipeline from a Spark Connect client (``--spark-connect``)."""
+    return bool(os.environ.get(SPARK_CONNECT_VARIABLE))
+
+
+def session(
+    pipeline: SparkPipeline, servers: contextlib.ExitStack, server_log: Path
+) -> SparkSession:
+    """A Spark session for ``pipeline``: its master, a quickly started driver, no progress bar.
+
+    With ``--spark-connect``, a Spark Connect client of a server this child starts (stopped by
+    ``servers``, its output in ``server_log``), whose driver runs on ``pipeline.master`` and
+    whose Python workers run this interpreter: a crash point kills that driver, and this child
+    exits as soon as the server is gone (its client would retry for minutes).
+    """
+    if connected():
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        server = LocalSparkConnect(server_log, master=pipeline.master, conf=DRIVER_SETTINGS)
+        servers.enter_context(server)
+        _exit_when_it_dies(server)
+        return SparkSession.builder.remote(server.url).getOrCreate()
+    spark = build_session(master=pipeline.master, app_name="laminar-conformance", **DRIVER_SETTINGS)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _exit_when_it_dies(server: LocalSparkConnect) -> None:
+    process = server.process
+    assert process is not None, "the server was started"
+
+    def watch() -> None:
+        code = process.wait()
+        if server.process is process:  # not stopped by this child
+            print(f"the Spark Connect server died (exit {code})", file=sys.stderr, flush=True)
+            os._exit(1)
+
+    threading.Thread(target=watch, name="connect-server-watch", daemon=True).start()
 
 
 def start_query(spark: SparkSession, pipeline: SparkPipeline) -> StreamingQuery:
@@ -62,8 +97,9 @@ def start_query(spark: SparkSession, pipeline: SparkPipeline) -> StreamingQuery:
     data sources (``DATA_SOURCE_NOT_FOUND``: seen when a pytest-xdist worker restarted a
     pipeline in the session that had just forked crash children).
     """
-    jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # type: ignore[union-attr]  # no public API
-    jvm_session.setActiveSession(spark._jsparkSession)
+    if not connected():  # a Connect server's sessions are its own
+        jvm_session = spark._jvm.org.apache.spark.sql.SparkSession  # type: ignore[union-attr]  # no public API
+        jvm_session.setActiveSession(spark._jsparkSession)
     frame = (
         spark.readStream.format("laminar")
         .option("connector", pipeline.source)
@@ -174,7 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spec = Path(arguments[-1])
     pipeline = SparkPipeline.from_json(spec.read_text(encoding="utf-8"))
-    spark = session(pipeline)
+    servers = contextlib.ExitStack()
+    with servers:
+        spark = session(pipeline, servers, spec.with_suffix(".connect-server.log"))
+        return _run_in(spark, pipeline, spec, standby=standby)
+
+
+def _run_in(spark: SparkSession, pipeline: SparkPipeline, spec: Path, *, standby: bool) -> int:
     try:
         if standby:
             warm_up(spark, spec.with_suffix(".warm-up"), pipeline)

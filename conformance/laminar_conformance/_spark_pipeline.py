@@ -48,6 +48,9 @@ CRASH_AT_FILE_PREFIX = "@"
 CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
 SPARK_PYTHON_VARIABLE = "LAMINAR_SPARK_PYTHON"
 """The Python interpreter the Spark children run with (``--spark-python``), when not this one."""
+SPARK_CONNECT_VARIABLE = "LAMINAR_SPARK_CONNECT"
+"""Set (to ``1``) when each Spark child runs its pipeline from a Spark Connect client, against
+a Connect server of its own (``--spark-connect``), instead of in a classic driver."""
 
 
 def spark_python() -> str:

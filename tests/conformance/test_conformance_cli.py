@@ -145,6 +145,12 @@ def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
             "laminar-conformance (importlib.metadata.PackageNotFoundError",
         ),
         (["--spark-python", sys.executable, "--no-spark"], "drop one of them"),
+        (["--spark-connect", "--no-spark"], "drop one of them"),
+        # The test environment has PySpark without its connect extra (pandas, grpcio).
+        (
+            ["--spark-connect"],
+            f"--spark-connect: {sys.executable} cannot run a Spark Connect client (",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_any_check_runs(tmp_path, arguments, message):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from laminar_conformance.services._kafka import (
     KAFKA_BOOTSTRAP_VARIABLE,
+    KAFKA_PROXIED_VARIABLE,
     KAFKA_VERSION,
     KafkaService,
     LocalKafka,
@@ -34,6 +35,7 @@ from laminar_conformance.services._postgres import (
     postgres_service,
 )
 from laminar_conformance.services._process import ServiceError, die_with_parent, spawn
+from laminar_conformance.services._spark_connect import LocalSparkConnect
 from laminar_conformance.services._toxiproxy import (
     TOXIPROXY_SERVER_VARIABLE,
     TOXIPROXY_VERSION,
@@ -46,6 +48,7 @@ from laminar_conformance.services._toxiproxy import (
 
 __all__ = [
     "KAFKA_BOOTSTRAP_VARIABLE",
+    "KAFKA_PROXIED_VARIABLE",
     "KAFKA_VERSION",
     "POSTGRES_DSN_VARIABLE",
     "POSTGRES_PASSWORD_FILE_VARIABLE",
@@ -56,6 +59,7 @@ __all__ = [
     "KafkaService",
     "LocalKafka",
     "LocalPostgres",
+    "LocalSparkConnect",
     "PostgresService",
     "Proxy",
     "S3Endpoint",

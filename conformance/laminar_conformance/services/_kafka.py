@@ -36,6 +36,10 @@ KAFKA_VERSION = "4.1.1"
 
 KAFKA_BOOTSTRAP_VARIABLE = "LAMINAR_KAFKA_BOOTSTRAP"
 """Set to ``host:port[,host:port]`` to test against an existing cluster instead."""
+KAFKA_PROXIED_VARIABLE = "LAMINAR_KAFKA_PROXIED"
+"""With :data:`KAFKA_BOOTSTRAP_VARIABLE`: ``LISTENER=ADDRESS``, a listener of the cluster
+(``host:port``) that advertises ``ADDRESS``, where a proxy in front of it must listen (the
+network-fault checks; :attr:`LocalKafka.proxied_listener`)."""
 
 CACHE_VARIABLE = "LAMINAR_CACHE_DIR"
 """Where downloaded jars, and Kafka's formatted log directory, are kept (default
@@ -61,11 +65,16 @@ class KafkaService:
     :param bootstrap_servers: ``host:port[,host:port]`` of the brokers.
     :param provider: where the cluster came from.
     :param local: the broker process when this package started it (``LOCAL``), else ``None``.
+    :param proxied: see the attribute.
     """
 
     bootstrap_servers: str
     provider: ServiceProvider
     local: LocalKafka | None = None
+    proxied: tuple[str, str] | None = None
+    """A listener that advertises another address, and that address, where a proxy in front
+    of the listener must listen: every connection of a client bootstrapped there goes through
+    the proxy. ``None`` when the cluster has none (a container)."""
 
     @property
     def restartable(self) -> bool:
@@ -166,7 +175,9 @@ def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaSer
     env = os.environ if environ is None else environ
     provider = choose_kafka_provider(env, docker_engine_available)
     if provider is ServiceProvider.EXTERNAL:
-        yield KafkaService(env[KAFKA_BOOTSTRAP_VARIABLE].strip(), provider)
+        listener, _, address = env.get(KAFKA_PROXIED_VARIABLE, "").strip().partition("=")
+        proxied = (listener, address) if listener and address else None
+        yield KafkaService(env[KAFKA_BOOTSTRAP_VARIABLE].strip(), provider, proxied=proxied)
     elif provider is ServiceProvider.CONTAINER:
         from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
 
@@ -174,7 +185,8 @@ def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaSer
             yield KafkaService(container.get_bootstrap_server(), provider)
     else:
         with LocalKafka() as broker:
-            yield KafkaService(broker.bootstrap_servers, provider, broker)
+            proxied = (broker.proxied_listener, broker.proxy_address)
+            yield KafkaService(broker.bootstrap_servers, provider, broker, proxied)
 
 
 def _cache_root() -> Path:

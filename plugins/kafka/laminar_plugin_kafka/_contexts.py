@@ -326,18 +326,18 @@ class _ThroughAProxy:
 
     @property
     def network_endpoint(self) -> str | None:
-        """The local broker's listener that advertises :attr:`network_proxy_listen`.
+        """The cluster's listener that advertises :attr:`network_proxy_listen`.
 
-        ``None`` for a cluster the kit did not start, whose listeners it cannot add to.
+        ``None`` for a cluster without one (``KafkaService.proxied``).
         """
-        local = shared_service().local
-        return None if local is None else local.proxied_listener
+        proxied = shared_service().proxied
+        return None if proxied is None else proxied[0]
 
     @property
     def network_proxy_listen(self) -> str | None:
-        """Where the proxy must listen: the address the broker tells clients to connect to."""
-        local = shared_service().local
-        return None if local is None else local.proxy_address
+        """Where the proxy must listen: the address the listener tells clients to connect to."""
+        proxied = shared_service().proxied
+        return None if proxied is None else proxied[1]
 
     def config_through(self, address: str) -> ConnectorConfig:
         """:meth:`config`, bootstrapped at ``address``, with 5 s timeouts."""

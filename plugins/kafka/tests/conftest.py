@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from collections.abc import Iterator
 
 import pytest
 from confluent_kafka.admin import AdminClient
 from kafka_testing import CLIENT_LOGGER, Kafka
-from laminar_conformance.services import KAFKA_BOOTSTRAP_VARIABLE, KafkaService, kafka_service
+from laminar_conformance.services import (
+    KAFKA_BOOTSTRAP_VARIABLE,
+    KAFKA_PROXIED_VARIABLE,
+    KafkaService,
+    kafka_service,
+)
 from laminar_sdk import ConnectorRegistry, load_connector_registry
 
 from laminar_plugin_kafka._contexts import release_topics
@@ -19,20 +23,18 @@ from laminar_plugin_kafka._contexts import release_topics
 def broker() -> Iterator[KafkaService]:
     """One broker for the session, from the conformance kit's launcher.
 
-    Its address is put in ``LAMINAR_KAFKA_BOOTSTRAP`` too, so the plugin's conformance
-    contexts (which ask ``kafka_service()``) use this broker instead of starting their own.
+    Its address is put in ``LAMINAR_KAFKA_BOOTSTRAP`` too (and its proxied listener in
+    ``LAMINAR_KAFKA_PROXIED``), so the plugin's conformance contexts (which ask
+    ``kafka_service()``) use this broker instead of starting their own.
     """
-    with kafka_service() as service:
-        previous = os.environ.get(KAFKA_BOOTSTRAP_VARIABLE)
-        os.environ[KAFKA_BOOTSTRAP_VARIABLE] = service.bootstrap_servers
+    with kafka_service() as service, pytest.MonkeyPatch.context() as environment:
+        environment.setenv(KAFKA_BOOTSTRAP_VARIABLE, service.bootstrap_servers)
+        if service.proxied is not None:
+            environment.setenv(KAFKA_PROXIED_VARIABLE, "=".join(service.proxied))
         try:
             yield service
         finally:
             release_topics()  # the conformance contexts' topics, while the broker runs
-            if previous is None:
-                os.environ.pop(KAFKA_BOOTSTRAP_VARIABLE, None)
-            else:
-                os.environ[KAFKA_BOOTSTRAP_VARIABLE] = previous
 
 
 @pytest.fixture(scope="session")
