@@ -6,10 +6,10 @@ being closed — a connector instance abandoned by a crash, as the conformance k
 server then aborts its open transaction and releases its locks (a prepared transaction stays,
 as it must).
 
-Every connector call waits on the server for at most ``network.timeout.s``
-(:func:`bounded_by_network_timeout`): then its sessions' sockets are shut down, which ends
-whatever waits on them — psycopg's own waits and the COPY reader's thread alike — and the call
-fails with a retriable :class:`~laminar_sdk.ConnectionFailed` naming the server. A connection
+A connector call whose connections carry nothing either way for ``network.timeout.s``
+(:func:`bounded_by_network_timeout`) has its sessions' sockets shut down, which ends whatever
+waits on them — psycopg's own waits and the COPY reader's thread alike — and fails with a
+retriable :class:`~laminar_sdk.ConnectionFailed` naming the server. A connection
 that went silent (a dead router, a partition, a blackholing firewall) otherwise blocks a call
 forever: TCP keeps a connection whose peer stopped answering open for hours.
 """
@@ -22,6 +22,7 @@ import functools
 import os
 import select
 import socket
+import struct
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -112,35 +113,68 @@ async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> 
 
 @contextlib.asynccontextmanager
 async def answered_within(settings: ConnectionSettings, action: str) -> AsyncIterator[None]:
-    """Bound the server waits of the block to ``settings.network_timeout_s``.
+    """Bound the silence of the block's connections to ``settings.network_timeout_s``.
 
-    When the time is up, every open session made with ``settings`` is cut
-    (:meth:`Session.cut`); whatever the block then raises becomes a :class:`ConnectionFailed`
-    naming the server and ``action``.
+    Once no byte has gone either way on any open session made with ``settings`` for that
+    long (the kernel's count, :func:`silent_for_s`; a long ``COPY`` keeps sending, so it is
+    never silent), every one is cut (:meth:`Session.cut`), and whatever the block then raises
+    becomes a :class:`ConnectionFailed` naming the server and ``action``. Where the kernel
+    cannot tell (a Unix socket), the block's whole time is bounded instead.
     """
     timeout = settings.network_timeout_s
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     expired = False
+    timer: asyncio.TimerHandle
 
-    def expire() -> None:
-        nonlocal expired
+    def check() -> None:
+        nonlocal expired, timer
+        silences = [silent_for_s(session) for session in list(settings.sessions)]
+        known = [silence for silence in silences if silence is not None]
+        silence = min(known, default=loop.time() - started)
+        if silence < timeout:
+            timer = loop.call_later(timeout - silence, check)
+            return
         expired = True
         for session in list(settings.sessions):
             session.cut()
 
-    timer = asyncio.get_running_loop().call_later(timeout, expire)
+    timer = loop.call_later(timeout, check)
     try:
         yield
     except Exception as error:
         if not expired:
             raise
         raise ConnectionFailed(
-            f"{settings.connector}: the server at {settings.endpoint} did not answer within "
+            f"{settings.connector}: the server at {settings.endpoint} sent and took nothing for "
             f"{timeout}s (network.timeout.s) while trying to {action}; its connections were "
             "closed and nothing of the unfinished transaction was committed; the runtime "
             "retries (check the network path to the server)"
         ) from error
     finally:
         timer.cancel()
+
+
+_TCP_INFO_SIZE = 104
+_LAST_DATA_SENT, _LAST_DATA_RECEIVED = 44, 52  # offsets of two u32 of Linux's struct tcp_info
+
+
+def silent_for_s(session: Session) -> float | None:
+    """How long the session's TCP connection has sent and received nothing, by the kernel.
+
+    ``None`` when it cannot tell: not TCP (a Unix socket), no ``TCP_INFO`` (not Linux), or a
+    closed connection.
+    """
+    try:
+        with socket.socket(fileno=os.dup(session.connection.pgconn.socket)) as duplicate:
+            info = duplicate.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
+    except (psycopg.Error, OSError, AttributeError):
+        return None
+    if len(info) < _LAST_DATA_RECEIVED + 4:
+        return None
+    sent: int = struct.unpack_from("I", info, _LAST_DATA_SENT)[0]
+    received: int = struct.unpack_from("I", info, _LAST_DATA_RECEIVED)[0]
+    return min(sent, received) / 1000
 
 
 class _Connected(Protocol):

@@ -80,9 +80,8 @@ CONNECTION_KEYS = (
         default="30",
         value_type=int,
         description=(
-            "how long one connector call may wait on the server, in seconds; then its "
-            "connections are closed and the call fails with a retriable error (keep it below "
-            "the runtime's call timeout, 60 s)"
+            "how long a call's connections may carry nothing either way, in seconds; then "
+            "they are closed and the call fails with a retriable error"
         ),
     ),
 )
@@ -241,7 +240,7 @@ class ConnectionSettings:
     :param password_env: the variable holding the password, if configured.
     :param password_file: the file holding the password, if configured.
     :param connect_timeout_s: the bound on connecting.
-    :param network_timeout_s: the bound on one connector call's wait on the server.
+    :param network_timeout_s: the bound on the silence of a connector call's connections.
     :param sessions: the open sessions made with these settings, which a call that waited
         too long closes (:func:`~laminar_plugin_postgres._client.answered_within`).
     """

@@ -6,9 +6,12 @@ import asyncio
 import datetime
 import decimal
 import json
+import time
 
+import psycopg
 import pyarrow as pa
 import pytest
+from laminar_conformance.services import Toxic, toxiproxy_server
 from laminar_sdk import (
     CheckpointError,
     ConfigurationError,
@@ -437,3 +440,40 @@ def test_a_query_started_over_with_the_same_sink_id_is_refused_until_given_a_new
 
     asyncio.run(query(tmp_path / "afresh", [[4, 5], [6]], {**config, "sink.id": f"{table}-2"}))
     assert database.ids(table) == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_call_whose_connection_keeps_answering_is_not_cut_however_long_it_takes(database):
+    # network.timeout.s bounds silence, not work: through a link that delays every answer by
+    # 0.4 s, a call of several round trips takes longer than the 1 s allowed, answered all
+    # along, and must not be cut.
+    table = database.name()
+    database.execute(f"CREATE TABLE {table} (id bigint)")
+    server = psycopg.conninfo.conninfo_to_dict(database.service.dsn)
+    proxy = toxiproxy_server().proxy(f"{server['host']}:{server['port']}")
+    host, _, port = proxy.listen.rpartition(":")
+    dsn = psycopg.conninfo.make_conninfo(database.service.dsn, host=host, port=port)
+    config = properties(database, table, dsn=dsn, **{"network.timeout.s": "1"})
+    rows = pa.RecordBatch.from_pydict({"id": pa.array(range(1000), pa.int64())})
+    seconds: dict[str, float] = {}
+
+    async def timed(name, call):
+        started = time.monotonic()
+        await call
+        seconds[name] = time.monotonic() - started
+
+    async def scenario():
+        sink, _ = await REGISTRY.open_sink("postgres-2pc", config)
+        proxy.add(Toxic("slow", "latency", "downstream", {"latency": 400, "jitter": 0}))
+        await timed("begin_epoch", sink.begin_epoch(0))
+        await timed("write_batch", sink.write_batch(rows))
+        await timed("pre_commit", sink.pre_commit(0))
+        await timed("commit_epoch", sink.commit_epoch(0))
+        proxy.clear()
+        await sink.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        proxy.delete()
+    assert max(seconds.values()) > 1.2, f"no call outlasted the timeout: {seconds}"
+    assert sorted(database.ids(table)) == list(range(1000))
