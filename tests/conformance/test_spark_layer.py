@@ -281,7 +281,7 @@ def test_a_driver_standing_by_sets_its_crash_point_only_once_its_warm_up_is_over
     spec.write_text(pipeline.to_json())
     events: list[object] = []
     monkeypatch.setenv(_spark_pipeline.CRASH_AT_VARIABLE, f"@{crash_at}")
-    monkeypatch.setattr(child, "session", lambda pipeline: _Session(events))
+    monkeypatch.setattr(child, "session", lambda pipeline, servers, log: _Session(events))
     monkeypatch.setattr(
         child,
         "warm_up",
