@@ -107,7 +107,7 @@ def _unknown_checks(checks: Sequence[str], role: ConnectorRole) -> str | None:
     if not checks:
         return None
     known = suite_checks(role)
-    unknown = [name for name in checks if name not in known]
+    unknown = [name for name in checks if name.partition("[")[0] not in known]
     if not unknown:
         return None
     hints = []
@@ -560,8 +560,8 @@ def add_conformance_commands(commands: argparse._SubParsersAction[argparse.Argum
         default=[],
         metavar="NAME",
         help=(
-            "run only the check NAME (repeatable; every case of a parametrized one), as a "
-            "failure's replay command does"
+            "run only the check NAME (repeatable; every case of a parametrized one, or one "
+            "case with NAME[CASE]), as a failure's replay command does"
         ),
     )
     run.add_argument(

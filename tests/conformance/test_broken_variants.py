@@ -187,7 +187,8 @@ STORE_VARIANTS = [(f"outsider-{store}-marker-apart", "sink", INSIDE_A_CALL) for 
 # A PostgreSQL sink written with pg8000 and no network timeout (outsider_network.py): its calls
 # hang on a blackholed connection. Its twin, with pg8000's socket timeout, passes every fault.
 NETWORK = "test_a_network_fault_ends_calls_cleanly_and_loses_nothing"
-NETWORK_VARIANTS = [("outsider-pg8000-without-a-timeout", "sink", NETWORK)]
+# The variant runs the blackhole case only (the one that hangs it; the other cases pass).
+NETWORK_VARIANTS = [("outsider-pg8000-without-a-timeout", "sink", f"{NETWORK}[blackhole]")]
 # The correct outsider connectors pass, with seed 1, the checks the tests below read (CI:
 # `1:read`), and in `tox -e full` a whole run with seeds 1, 2 and 3 and the checks that catch
 # their broken variants again with seeds 2 and 3 (`SEED:catching`). A whole run of each is the
@@ -370,9 +371,7 @@ def test_the_correct_outsider_sinks_pass_every_check_including_real_kills(runs, 
 @pytest.mark.slow
 def test_a_sink_without_a_network_timeout_is_caught_hanging_on_a_silent_connection(runs):
     text = runs["outsider-pg8000-without-a-timeout"][1].read_text()
-    for fault in NETWORK_FAULTS:
-        outcome = "failed" if fault.name == "blackhole" else "passed"
-        assert f"| {NETWORK}[{fault.name}] | {outcome} |" in text, text
+    assert f"| {NETWORK}[blackhole] | failed |" in text, text
     assert "did not end within" in text
     assert "with no timeout" in text
 

@@ -138,6 +138,10 @@ def test_strict_fails_a_core_check_skipped_without_a_stated_reason(tmp_path):
         (["--spark-crashes", "bogus:1"], "--spark-crashes 'bogus:1': expected STEP:EPOCH"),
         (["--spark-crashes", "commit:1", "--no-spark"], "drop one of them"),
         (["--check", "test_no_such_check"], "--check names no sink check: 'test_no_such_check'"),
+        (
+            ["--check", "test_no_such_check[blackhole]"],
+            "--check names no sink check: 'test_no_such_check[blackhole]'",
+        ),
         (["--spark-python", "/no/such/python"], "--spark-python /no/such/python: cannot run it"),
         (
             ["--spark-python", "/usr/bin/python3"],
