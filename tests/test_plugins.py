@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -350,3 +351,32 @@ def test_capability_names_include_the_opt_in_extensions():
         "distributed_commit",
     )
     assert registry.get("null", ConnectorRole.SINK).capability_names() == ("partitioned",)
+
+
+def test_first_party_test_contexts_are_imported_only_when_the_kit_asks_for_one(tmp_path):
+    # A pipeline loads every installed plugin and opens connectors: the test contexts in the
+    # plugins' `testing` modules must stay out of it; the kit's hook call brings them in.
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from pathlib import Path
+        from laminar_sdk import load_plugins
+
+        registry, manager = load_plugins()
+        source, _ = asyncio.run(registry.open_source("files", {{"path": {str(tmp_path)!r}}}))
+        asyncio.run(source.close())
+        for name in ("files", "kafka", "postgres"):
+            assert f"laminar_plugin_{{name}}" in sys.modules, name
+        loaded = sorted(name for name in sys.modules if name.endswith(".testing"))
+        print("before", loaded)
+        context = manager.hook.laminar_conformance_context(
+            connector="files", role="sink", workdir=Path({str(tmp_path)!r})
+        )
+        print("after", type(context).__module__)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["before []", "after laminar_plugin_files.testing"]

@@ -29,7 +29,7 @@ PROJECT_FILES = {
     "pyproject.toml",
     "tox.ini",
     f"{PACKAGE}/__init__.py",
-    f"{PACKAGE}/_conformance.py",
+    f"{PACKAGE}/testing.py",
     f"{PACKAGE}/_records.py",
     f"{PACKAGE}/_sink.py",
     f"{PACKAGE}/_source.py",

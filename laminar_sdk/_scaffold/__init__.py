@@ -34,7 +34,7 @@ _FILES = (
     ("package_records.py", "$package/_records.py"),
     ("package_source.py", "$package/_source.py"),
     ("package_sink.py", "$package/_sink.py"),
-    ("package_conformance.py", "$package/_conformance.py"),
+    ("package_testing.py", "$package/testing.py"),
     ("py.typed", "$package/py.typed"),
     ("test_records.py", "tests/test_records.py"),
 )

@@ -10,7 +10,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from laminar_plugin_files import FilesSink, FilesSinkContext
+from laminar_plugin_files import FilesSink
+from laminar_plugin_files.testing import FilesSinkContext
 from pyspark.sql import SparkSession
 
 from laminar_sdk import ConnectorConfig

@@ -8,13 +8,12 @@
   tasks can stage an epoch in parallel.
 
 The plugin registers both through the ``laminar_sdk.plugins`` entry point ``files``, and
-gives the conformance kit a test context for each (:class:`FilesSourceContext`,
-:class:`FilesSinkContext`) without depending on the kit.
+gives the conformance kit a test context for each (:mod:`laminar_plugin_files.testing`,
+imported only when the kit asks for one) without depending on the kit.
 """
 
 from __future__ import annotations
 
-from laminar_plugin_files._contexts import FilesSinkContext, FilesSourceContext
 from laminar_plugin_files._plugin import (
     CONNECTOR,
     laminar_conformance_context,
@@ -26,9 +25,7 @@ from laminar_plugin_files._source import FilesSource
 __all__ = [
     "CONNECTOR",
     "FilesSink",
-    "FilesSinkContext",
     "FilesSource",
-    "FilesSourceContext",
     "laminar_conformance_context",
     "laminar_register_connectors",
 ]

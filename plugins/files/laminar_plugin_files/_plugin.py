@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_sdk import ConnectorRegistry, hookimpl
 
-from laminar_plugin_files._contexts import FilesSinkContext, FilesSourceContext
 from laminar_plugin_files._sink import FilesSink
 from laminar_plugin_files._source import FilesSource
+
+if TYPE_CHECKING:
+    from laminar_plugin_files.testing import FilesSinkContext, FilesSourceContext
 
 CONNECTOR = "files"
 """The name both connectors are registered under (a source and a sink)."""
@@ -36,10 +39,12 @@ def laminar_conformance_context(
     connector: str, role: str, workdir: Path
 ) -> FilesSinkContext | FilesSourceContext | None:
     """Test contexts for the ``files`` sink and source; ``None`` for any other connector."""
+    from laminar_plugin_files import testing  # noqa: PLC0415 - imported for the kit only
+
     if connector != CONNECTOR:
         return None
     if role == "sink":
-        return FilesSinkContext(workdir)
+        return testing.FilesSinkContext(workdir)
     if role == "source":
-        return FilesSourceContext(workdir)
+        return testing.FilesSourceContext(workdir)
     return None

@@ -31,7 +31,8 @@ from laminar_sdk import (
     SourceCheckpoint,
 )
 
-from laminar_plugin_files import FilesSink, FilesSource, FilesSourceContext
+from laminar_plugin_files import FilesSink, FilesSource
+from laminar_plugin_files.testing import FilesSourceContext
 
 if importlib.util.find_spec("moto") is None:
     pytest.skip("needs moto: pip install 'laminar-conformance[s3]'", allow_module_level=True)

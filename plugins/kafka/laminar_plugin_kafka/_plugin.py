@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_sdk import ConnectorRegistry, hookimpl
 
 from laminar_plugin_kafka._config import PASSTHROUGH_PREFIX
-from laminar_plugin_kafka._contexts import KafkaSinkContext, KafkaSourceContext
 from laminar_plugin_kafka._sink import KafkaSink
 from laminar_plugin_kafka._source import KafkaSource
+
+if TYPE_CHECKING:
+    from laminar_plugin_kafka.testing import KafkaSinkContext, KafkaSourceContext
 
 CONNECTOR = "kafka"
 """The name both connectors are registered under."""
@@ -44,10 +47,12 @@ def laminar_conformance_context(
     named by ``LAMINAR_KAFKA_BOOTSTRAP``, a container, or a local broker — started once per
     process on first use. The kit is imported only then, so the plugin loads without it.
     """
+    from laminar_plugin_kafka import testing  # noqa: PLC0415 - imported for the kit only
+
     if connector != CONNECTOR:
         return None
     if role == "sink":
-        return KafkaSinkContext(workdir)
+        return testing.KafkaSinkContext(workdir)
     if role == "source":
-        return KafkaSourceContext()
+        return testing.KafkaSourceContext()
     return None

@@ -16,7 +16,7 @@ from laminar_conformance.services import (
 )
 from laminar_sdk import ConnectorRegistry, load_connector_registry
 
-from laminar_plugin_kafka._contexts import release_topics
+from laminar_plugin_kafka.testing import release_topics
 
 
 @pytest.fixture(scope="session", autouse=True)

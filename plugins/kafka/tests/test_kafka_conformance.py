@@ -9,7 +9,7 @@ from laminar_conformance.sink import SinkSuite
 from laminar_conformance.source import SourceSuite
 from pyspark import cloudpickle
 
-from laminar_plugin_kafka._contexts import KafkaSourceContext
+from laminar_plugin_kafka.testing import KafkaSourceContext
 
 
 class TestKafkaSink(SinkSuite):

@@ -26,7 +26,7 @@ from laminar_sdk import (
 
 from laminar_plugin_kafka import _sink
 from laminar_plugin_kafka._config import EPOCHS_TOPIC_CONFIG, default_epochs_topic
-from laminar_plugin_kafka._contexts import KafkaSinkContext
+from laminar_plugin_kafka.testing import KafkaSinkContext
 
 SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 

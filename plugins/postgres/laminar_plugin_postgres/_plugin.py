@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from laminar_sdk import ConnectorRegistry, hookimpl
 
 from laminar_plugin_postgres._cdc import PostgresCdcSource
-from laminar_plugin_postgres._contexts import (
-    PostgresCdcContext,
-    PostgresSinkContext,
-    PostgresSourceContext,
-)
 from laminar_plugin_postgres._keyset import PostgresKeysetSource
 from laminar_plugin_postgres._sink import PostgresSink, PostgresTwoPhaseSink, PostgresUpsertSink
+
+if TYPE_CHECKING:
+    from laminar_plugin_postgres.testing import (
+        PostgresCdcContext,
+        PostgresSinkContext,
+        PostgresSourceContext,
+    )
 
 CONNECTOR = "postgres"
 """The name of the sink and of the keyset source."""
@@ -76,14 +79,16 @@ def laminar_conformance_context(
     The server comes from ``laminar_conformance.services.postgres_service()``, started once per
     process on first use.
     """
+    from laminar_plugin_postgres import testing  # noqa: PLC0415 - imported for the kit only
+
     if (connector, role) == (CONNECTOR, "sink"):
-        return PostgresSinkContext(workdir)
+        return testing.PostgresSinkContext(workdir)
     if (connector, role) == (TWO_PHASE_CONNECTOR, "sink"):
-        return PostgresSinkContext(workdir, mode="two-phase")
+        return testing.PostgresSinkContext(workdir, mode="two-phase")
     if (connector, role) == (UPSERT_CONNECTOR, "sink"):
-        return PostgresSinkContext(workdir, mode="upsert")
+        return testing.PostgresSinkContext(workdir, mode="upsert")
     if (connector, role) == (CONNECTOR, "source"):
-        return PostgresSourceContext()
+        return testing.PostgresSourceContext()
     if (connector, role) == (CDC_CONNECTOR, "source"):
-        return PostgresCdcContext()
+        return testing.PostgresCdcContext()
     return None

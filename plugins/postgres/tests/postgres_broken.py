@@ -12,9 +12,9 @@ from pathlib import Path
 from laminar_sdk import ConnectorConfig, ConnectorRegistry, SourceBatch, crash_point, hookimpl
 
 from laminar_plugin_postgres import PostgresCdcSource, PostgresSink, PostgresTwoPhaseSink
-from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSinkContext
 from laminar_plugin_postgres._pgoutput import lsn_text
 from laminar_plugin_postgres._tables import finish_prepared
+from laminar_plugin_postgres.testing import PostgresCdcContext, PostgresSinkContext
 
 
 class MarkerApart(PostgresSink):

@@ -25,7 +25,7 @@ from laminar_conformance.source import SourceSuite
 from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 from pyspark import cloudpickle
 
-from laminar_plugin_postgres._contexts import PostgresCdcContext, PostgresSourceContext
+from laminar_plugin_postgres.testing import PostgresCdcContext, PostgresSourceContext
 
 LONG_SINK_CHECKS = (
     "test_epoch_protocol_state_machine",

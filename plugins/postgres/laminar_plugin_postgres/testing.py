@@ -4,6 +4,9 @@ The server comes from ``laminar_conformance.services.postgres_service()`` — th
 ``LAMINAR_POSTGRES_DSN`` (with ``LAMINAR_POSTGRES_PASSWORD_FILE``), a container, or a local
 cluster — started once per process on first use; the kit is imported only then, so the plugin
 loads without it. Every record carries its id in a ``bigint`` column ``id``.
+
+Imported only by the plugin's ``laminar_conformance_context`` hook, when the conformance kit asks
+for a context: never when a pipeline runs.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 They need nothing from ``laminar-conformance``: the kit checks them structurally, so the plugin
 loads and works without the kit installed.
+
+Imported only by the plugin's ``laminar_conformance_context`` hook, when the conformance kit asks
+for a context: never when a pipeline runs.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Records carry their id as decimal text, in the key and in the value. The kit's
 ``laminar_conformance`` package is imported only when the first context asks for a broker,
 so the plugin loads without the kit installed.
+
+Imported only by the plugin's ``laminar_conformance_context`` hook, when the conformance kit asks
+for a context: never when a pipeline runs.
 """
 
 from __future__ import annotations
