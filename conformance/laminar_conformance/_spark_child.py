@@ -1,8 +1,9 @@
 """``python -m laminar_conformance._spark_child PIPELINE.json``: run a pipeline on Spark.
 
 The child process of :func:`~laminar_conformance._spark_pipeline.run_in_child`: it builds a
-Spark session (local, tuned to start fast), runs the :class:`SparkPipeline` until its source
-has nothing more, and exits 0 — or dies where ``LAMINAR_SPARK_CRASH_AT`` says, when set.
+Spark session (local, tuned to start fast; with ``--spark-connect``, a Spark Connect client of
+a local server it starts), runs the :class:`SparkPipeline` until its source has nothing more,
+and exits 0 — or dies where ``LAMINAR_SPARK_CRASH_AT`` says, when set.
 """
 
 from __future__ import annotations

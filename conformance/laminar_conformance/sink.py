@@ -1406,13 +1406,14 @@ class SinkNetworkSuite(ConnectorSuite):
         For contexts that name their connector's ``network_endpoint`` and give
         ``config_through(address)``. The fault starts before ``write_batch``,
         ``pre_commit`` or ``commit_epoch`` (one seeded step in ``quick``, each in ``full``) and
-        stops when a call under it fails, or after ``commit_epoch``. Latency and low bandwidth
-        must only slow the calls down. Under resets and a blackhole, the call must end within
-        the runtime's call timeout with a ``ConnectorError`` naming the address it connects to
-        (transient for ``commit_epoch`` and ``rollback_epoch``, which the runtime retries) —
-        not hang, not wait for the runtime to cancel it. Then a new instance
-        recovers and runs on: every id must be visible once (at least once for an
-        at-least-once sink).
+        stops when a call under it fails (latency and low bandwidth: after ``commit_epoch``
+        too; a reset or blackhole that met no call with network I/O runs on into the next
+        epoch). Latency and low bandwidth must only slow the calls down. Under resets and a
+        blackhole, the call must end within the runtime's call timeout with a
+        ``ConnectorError`` naming the address it connects to (transient for ``commit_epoch``
+        and ``rollback_epoch``, which the runtime retries) — not hang, not wait for the
+        runtime to cancel it. Then a new instance recovers and runs on: every id must be
+        visible once (at least once for an at-least-once sink).
         """
         for step in faulted_steps(conformance, fault):
             _run_under_network_fault(conformance, fault, step)
@@ -1482,4 +1483,4 @@ class SinkSuite(
     SinkRuntimeSuite,
     SinkNetworkSuite,
 ):
-    """Every sink check: contract, epoch protocol, recovery, distributed commit, Spark's demands."""
+    """Every sink check: contract, protocol, recovery, distributed commit, Spark, network."""

@@ -844,4 +844,4 @@ class SourceSuite(
     SourceRuntimeSuite,
     SourceNetworkSuite,
 ):
-    """Every source check: contract, replay, range reads, and what Spark demands of it."""
+    """Every source check: contract, replay, range reads, what Spark demands, network faults."""
