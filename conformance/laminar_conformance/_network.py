@@ -15,7 +15,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -200,19 +200,23 @@ class FaultWindow:
         self._watchdog.start()
 
     def _give_up(self) -> None:
-        self.hung.set()
-        self.off()
-        self.proxy.cut()
+        with self._lock:  # a call freed by the cut waits in off() until the proxy is back
+            self.hung.set()
+            self._turn_off()
+            self.proxy.cut()
 
     def off(self) -> None:
-        """Turn the fault off (idempotent)."""
+        """Turn the fault off (idempotent); the proxy carries everything again on return."""
         with self._lock:
-            if not self._on:
-                return
-            self._on = False
-            if self._watchdog is not None:
-                self._watchdog.cancel()
-            self.proxy.clear()
+            self._turn_off()
+
+    def _turn_off(self) -> None:
+        if not self._on:
+            return
+        self._on = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self.proxy.clear()
 
     async def watched(self, name: str, call: Coroutine[object, object, T]) -> T:
         """Await ``call``; when it ran under the fault, record it.
@@ -263,6 +267,26 @@ class WatchedSink(ForwardingSink):
     async def rollback_epoch(self, epoch: int) -> None:
         """``rollback_epoch``, watched."""
         await self._window.watched("rollback_epoch", self.wrapped.rollback_epoch(epoch))
+
+
+def judged(window: FaultWindow, run: Callable[[], T], *, must_fail: bool = True) -> T:
+    """``run()``, then what the connector did under the fault: an assertion naming it.
+
+    A run that raises after a call hung (or otherwise failed the fault's demands) fails with
+    that diagnosis rather than with the later error it caused.
+
+    :raises AssertionError: listing :func:`fault_problems`.
+    """
+    try:
+        result = run()
+    except Exception as error:
+        problems = fault_problems(window, must_fail=must_fail)
+        if problems:
+            raise AssertionError("; ".join(problems)) from error
+        raise
+    problems = fault_problems(window, must_fail=must_fail)
+    assert not problems, "; ".join(problems)
+    return result
 
 
 def fault_problems(window: FaultWindow, *, must_fail: bool = True) -> list[str]:

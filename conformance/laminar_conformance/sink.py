@@ -72,8 +72,8 @@ from laminar_conformance._network import (
     FaultWindow,
     NetworkFault,
     WatchedSink,
-    fault_problems,
     faulted_steps,
+    judged,
     proxied_config,
 )
 from laminar_conformance._probe import skip_if_turned_off
@@ -1462,12 +1462,10 @@ def _run_under_network_fault(target: Target, fault: NetworkFault, step: Protocol
         return session.visible()
 
     try:
-        visible = session.run(scenario())
+        visible = judged(window, lambda: session.run(scenario()))
     finally:
         window.off()
         proxy.delete()
-    problems = fault_problems(window)
-    assert not problems, "; ".join(problems)
     problems = _delivery_problems(visible, epochs, _capabilities(target).exactly_once)
     assert not problems, (
         f"after {fault.name} ({fault.happens}) from {step.value} of epoch 1 on, and recovery: "

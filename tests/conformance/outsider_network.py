@@ -10,14 +10,25 @@ and blocks the event loop, so the runtime's own call timeout cannot end it eithe
 
 The test context names the server's address (``network_endpoint``) and gives a configuration
 pointed at another (``config_through``), so that the kit's network-fault checks put a proxy in
-between; the server is the kit's ``postgres_service``, as in ``outsider_stores``. Used with
-``--plugin outsider_network``.
+between; the server is the kit's ``postgres_service``, as in ``outsider_stores``.
+
+``outsider-http`` is a source an author writes for an HTTP event API with the standard library:
+``urllib.request.urlopen`` with a ``timeout``, called straight from ``poll_batch``, its errors
+turned into ``ReadError`` naming the URL; ``outsider-http-without-a-timeout`` leaves urllib's
+default, none: a poll on a connection that goes silent never returns. The API is a small
+``http.server`` the context runs. Used with ``--plugin outsider_network``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import http.server
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,9 +44,14 @@ from laminar_sdk import (
     ConnectionFailed,
     ConnectorConfig,
     ConnectorRegistry,
+    PartitionInfo,
+    ReadError,
     SchemaMismatch,
     SinkConnector,
     SinkConnectorCapabilities,
+    SourceBatch,
+    SourceCheckpoint,
+    SourceConnector,
     WriteError,
     WriteResult,
     hookimpl,
@@ -200,8 +216,125 @@ class Pg8000Context:
                 conn.execute(f"DROP TABLE IF EXISTS {self.prefix}{name}")
 
 
+# An HTTP event API, read with urllib ---------------------------------------------------------
+
+
+class HttpSource(SourceConnector):
+    """Reads ``GET /events?after=N&limit=K`` of an event API; the offset is the events read."""
+
+    TIMEOUT_S: float | None = 3.0
+    """urllib's socket timeout (``None``: wait forever)."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.after = 0
+
+    async def open(self, config: ConnectorConfig) -> None:
+        self.url = config.require("url").rstrip("/")
+
+    def schema(self) -> pa.Schema:
+        return SCHEMA
+
+    async def poll_batch(self, max_records: int) -> SourceBatch | None:
+        query = urllib.parse.urlencode({"after": self.after, "limit": max_records})
+        try:
+            if self.TIMEOUT_S is None:
+                answer = urllib.request.urlopen(f"{self.url}/events?{query}")
+            else:
+                answer = urllib.request.urlopen(
+                    f"{self.url}/events?{query}", timeout=self.TIMEOUT_S
+                )
+            with answer:
+                ids = json.loads(answer.read())
+        except (urllib.error.URLError, OSError) as error:
+            raise ReadError(f"http source: GET {self.url}/events failed: {error}") from None
+        if not ids:
+            return None
+        self.after += len(ids)
+        records = pa.record_batch([pa.array(ids, pa.int64())], schema=SCHEMA)
+        return SourceBatch(records, PartitionInfo("events", str(self.after)))
+
+    def checkpoint(self) -> SourceCheckpoint:
+        return SourceCheckpoint({"events": str(self.after)})
+
+    async def restore(self, checkpoint: SourceCheckpoint) -> None:
+        self.after = int(checkpoint.offsets.get("events", "0"))
+
+    def supports_replay(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+class HttpSourceWithoutATimeout(HttpSource):
+    """urllib's default: no socket timeout."""
+
+    TIMEOUT_S = None
+
+
+SOURCES = {
+    "outsider-http": HttpSource,
+    "outsider-http-without-a-timeout": HttpSourceWithoutATimeout,
+}
+
+
+class _EventApi(http.server.BaseHTTPRequestHandler):
+    events: list[int]
+
+    def do_GET(self) -> None:
+        query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        after, limit = int(query["after"][0]), int(query["limit"][0])
+        body = json.dumps(self.events[after : after + limit]).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class HttpContext:
+    """An event API on a loopback port of its own; appended ids are its next events."""
+
+    def __init__(self, connector: str) -> None:
+        self.connector = connector
+        handler = type("Handler", (_EventApi,), {"events": []})
+        self.events: list[int] = handler.events
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def network_endpoint(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def config(self) -> ConnectorConfig:
+        return self.config_through(self.network_endpoint)
+
+    def config_through(self, address: str) -> ConnectorConfig:
+        return ConnectorConfig(self.connector, {"url": f"http://{address}"})
+
+    def append(self, ids: Sequence[int], partition: int | None = None) -> None:
+        if partition not in (None, 0):
+            raise ValueError(f"the event API has one stream, not partition {partition}")
+        self.events.extend(ids)
+
+    def ids(self, records: pa.RecordBatch) -> list[int]:
+        return [int(value) for value in records.column("id").to_pylist()]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @hookimpl
 def laminar_register_connectors(registry: ConnectorRegistry) -> None:
+    for name, source in SOURCES.items():
+        keys = [ConfigKeySpec("url", required=True)]
+        registry.add_source(name, source, config_keys=keys, description=name)
     for name, sink in SINKS.items():
         keys = [ConfigKeySpec(key, required=True) for key in KEYS]
         keys.append(ConfigKeySpec("password", required=True, secret=True))
@@ -209,6 +342,10 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 
 
 @hookimpl
-def laminar_conformance_context(connector: str, role: str, workdir: Path) -> Pg8000Context | None:
+def laminar_conformance_context(
+    connector: str, role: str, workdir: Path
+) -> Pg8000Context | HttpContext | None:
     del workdir
+    if role == "source" and connector in SOURCES:
+        return HttpContext(connector)
     return Pg8000Context(connector) if role == "sink" and connector in SINKS else None

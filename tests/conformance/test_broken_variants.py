@@ -12,8 +12,9 @@ author would, with test contexts that declare nothing (no ``partitions``, no ``l
 the kit must find the source's partitions and live appends by probing, and catch each bug with
 the quick profile; the correct source and sinks pass the checks the tests read with seed 1 (in
 ``tox -e full``: whole runs with seeds 1, 2 and 3, and the checks that catch the variants).
-``outsider_network.py``'s PostgreSQL sinks, on pg8000, run the network-fault checks through
-Toxiproxy: the one without a network timeout hangs on a blackholed connection.
+``outsider_network.py``'s PostgreSQL sinks on pg8000 and HTTP sources on urllib run the
+network-fault checks through Toxiproxy: the ones without a network timeout hang on a
+blackholed connection.
 """
 
 from __future__ import annotations
@@ -187,8 +188,15 @@ STORE_VARIANTS = [(f"outsider-{store}-marker-apart", "sink", INSIDE_A_CALL) for 
 # A PostgreSQL sink written with pg8000 and no network timeout (outsider_network.py): its calls
 # hang on a blackholed connection. Its twin, with pg8000's socket timeout, passes every fault.
 NETWORK = "test_a_network_fault_ends_calls_cleanly_and_loses_nothing"
-# The variant runs the blackhole case only (the one that hangs it; the other cases pass).
-NETWORK_VARIANTS = [("outsider-pg8000-without-a-timeout", "sink", f"{NETWORK}[blackhole]")]
+SOURCE_NETWORK = "test_a_network_fault_ends_polls_and_loses_nothing"
+# An HTTP event-API source on urllib without a timeout (outsider_network.py) hangs the same way;
+# its twin, with one, passes. The variants run the blackhole case only (the one that hangs
+# them; the other cases pass).
+NETWORK_VARIANTS = [
+    ("outsider-pg8000-without-a-timeout", "sink", f"{NETWORK}[blackhole]"),
+    ("outsider-http-without-a-timeout", "source", f"{SOURCE_NETWORK}[blackhole]"),
+]
+NETWORK_TWINS = {"outsider-pg8000": ("sink", NETWORK), "outsider-http": ("source", SOURCE_NETWORK)}
 # The correct outsider connectors pass, with seed 1, the checks the tests below read (CI:
 # `1:read`), and in `tox -e full` a whole run with seeds 1, 2 and 3 and the checks that catch
 # their broken variants again with seeds 2 and 3 (`SEED:catching`). A whole run of each is the
@@ -305,8 +313,8 @@ def runs(tmp_path_factory, selected_params):
             start(connector, connector, role, plugin="outsider_stores", checks=(catching,))
         for connector, role, catching in NETWORK_VARIANTS:
             start(connector, connector, role, plugin="outsider_network", checks=(catching,))
-        twin = "outsider-pg8000"
-        start(twin, twin, "sink", plugin="outsider_network", checks=(NETWORK,))
+        for twin, (role, check) in NETWORK_TWINS.items():
+            start(twin, twin, role, plugin="outsider_network", checks=(check,))
         start(
             "outsider-outbox",
             "outsider-outbox",
@@ -369,18 +377,23 @@ def test_the_correct_outsider_sinks_pass_every_check_including_real_kills(runs, 
 
 
 @pytest.mark.slow
-def test_a_sink_without_a_network_timeout_is_caught_hanging_on_a_silent_connection(runs):
-    text = runs["outsider-pg8000-without-a-timeout"][1].read_text()
-    assert f"| {NETWORK}[blackhole] | failed |" in text, text
+@pytest.mark.parametrize(("connector", "role", "caught"), NETWORK_VARIANTS)
+def test_a_connector_without_a_network_timeout_is_caught_hanging_on_a_silent_connection(
+    runs, connector, role, caught
+):
+    text = runs[connector][1].read_text()
+    assert f"| {caught} | failed |" in text, text
     assert "did not end within" in text
     assert "with no timeout" in text
 
 
 @pytest.mark.slow
-def test_the_correct_pg8000_sink_ends_its_calls_under_every_network_fault(runs):
-    text = passing_report(runs, "outsider-pg8000")
+@pytest.mark.parametrize("twin", list(NETWORK_TWINS))
+def test_the_correct_twins_end_their_calls_under_every_network_fault(runs, twin):
+    text = passing_report(runs, twin)
+    check = NETWORK_TWINS[twin][1]
     for fault in NETWORK_FAULTS:
-        assert f"| {NETWORK}[{fault.name}] | passed |" in text, text
+        assert f"| {check}[{fault.name}] | passed |" in text, text
 
 
 @pytest.mark.slow
