@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from laminar_conformance._skips import skip
 from laminar_conformance._suite import Target
+from laminar_conformance.contexts import TestContext
 from laminar_conformance.services import Proxy, ServiceError, Toxic, toxiproxy_server
 from laminar_sdk import (
     ConnectorConfig,
@@ -107,7 +108,7 @@ def faulted_steps(target: Target, fault: NetworkFault) -> tuple[ProtocolStep, ..
     return (chooser.choice(FAULTED_STEPS),)
 
 
-def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
+def proxied_config(context: TestContext) -> tuple[Proxy, ConnectorConfig]:
     """A proxy before the context's endpoint, and the configuration that connects through it.
 
     The proxy listens where the context's ``network_proxy_listen`` says, if it says (a system
@@ -115,8 +116,17 @@ def proxied_config(context: object) -> tuple[Proxy, ConnectorConfig]:
     else on a free port.
 
     Skips the check (category ``network``) when the context names no endpoint, or no
-    Toxiproxy can be had here (saying what to install).
+    Toxiproxy can be had here (saying what to install); the context is closed then, and when
+    this fails.
     """
+    try:
+        return _proxy_before(context)
+    except BaseException:
+        context.close()
+        raise
+
+
+def _proxy_before(context: TestContext) -> tuple[Proxy, ConnectorConfig]:
     endpoint = getattr(context, "network_endpoint", None)
     through = getattr(context, "config_through", None)
     if not callable(through):

@@ -1426,11 +1426,7 @@ it left broken (each fails once and its instance goes; the next opens a new conn
 
 def _run_under_network_fault(target: Target, fault: NetworkFault, step: ProtocolStep) -> None:
     session = _Session(target)
-    try:
-        proxy, config = proxied_config(session.context)
-    except BaseException:
-        session.context.close()
-        raise
+    proxy, config = proxied_config(session.context)
     session.properties = dict(config.properties)
     window = FaultWindow(proxy, fault, step, epoch=1)
     # Epoch 1's 2,000 records take a second through the low-bandwidth link.

@@ -792,11 +792,7 @@ class SourceNetworkSuite(ConnectorSuite):
         """
         _require_replay(conformance)
         system = SourceSystem(conformance)
-        try:
-            proxy, _ = proxied_config(system.context)
-        except BaseException:
-            system.context.close()
-            raise
+        proxy, _ = proxied_config(system.context)
         system.through = proxy.listen
         system.append([NETWORK_RECORDS_PER_PARTITION] * system.partitions)
         window = FaultWindow(proxy, fault)

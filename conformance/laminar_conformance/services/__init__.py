@@ -17,7 +17,6 @@ from laminar_conformance.services._kafka import (
     ServiceProvider,
     choose_kafka_provider,
     docker_engine_available,
-    free_port,
     kafka_service,
     resolve_kafka_jars,
     resolve_maven_jars,
@@ -34,7 +33,7 @@ from laminar_conformance.services._postgres import (
     find_postgres_binaries,
     postgres_service,
 )
-from laminar_conformance.services._process import ServiceError, die_with_parent, spawn
+from laminar_conformance.services._process import ServiceError, die_with_parent, free_port, spawn
 from laminar_conformance.services._spark_connect import LocalSparkConnect
 from laminar_conformance.services._toxiproxy import (
     TOXIPROXY_SERVER_VARIABLE,

@@ -16,7 +16,6 @@ import enum
 import fcntl
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +28,15 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlparse
 
-from laminar_conformance.services._process import ServiceError, require_success, spawn
+from laminar_conformance.services._process import (
+    ServiceError,
+    cache_root,
+    free_port,
+    made_once,
+    require_success,
+    spawn,
+    stop_process,
+)
 
 KAFKA_VERSION = "4.1.1"
 """The Apache Kafka release the local launcher runs."""
@@ -41,9 +48,6 @@ KAFKA_PROXIED_VARIABLE = "LAMINAR_KAFKA_PROXIED"
 (``host:port``) that advertises ``ADDRESS``, where a proxy in front of it must listen (the
 network-fault checks; :attr:`LocalKafka.proxied_listener`)."""
 
-CACHE_VARIABLE = "LAMINAR_CACHE_DIR"
-"""Where downloaded jars, and Kafka's formatted log directory, are kept (default
-``~/.cache/laminar``)."""
 
 _SLF4J_VERSION = "1.7.36"  # the SLF4J API version Kafka's jars are built against
 _STARTED_MARKER = "Kafka Server started"
@@ -189,23 +193,6 @@ def kafka_service(environ: Mapping[str, str] | None = None) -> Iterator[KafkaSer
             yield KafkaService(broker.bootstrap_servers, provider, broker, proxied)
 
 
-def _cache_root() -> Path:
-    configured = os.environ.get(CACHE_VARIABLE)
-    return Path(configured) if configured else Path.home() / ".cache" / "laminar"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
-
-    Another process may take it before the caller binds it; services started on it fail to
-    start then, with their log, rather than talk to a stranger.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 _free_port = free_port  # the former private name, which some callers import
 
 
@@ -270,16 +257,10 @@ def resolve_maven_jars(
         raise ValueError(
             f"Maven coordinates must be group:artifact:version, got {[*coordinates, *pinned]}"
         )
-    root = _cache_root() / cache_subdir
+    root = cache_root() / cache_subdir
     libs = root / "libs"
-    done = root / ".complete"
-    if done.exists():
-        return libs
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return libs
+
+    def resolve() -> None:
         mvn = shutil.which("mvn")
         if mvn is None:
             raise ServiceError(
@@ -310,7 +291,9 @@ def resolve_maven_jars(
             check=False,
         )
         require_success(result, f"mvn failed to resolve {what}")
-        done.touch()
+        (root / ".complete").touch()
+
+    made_once(root, root / ".complete", resolve)
     return libs
 
 
@@ -494,13 +477,7 @@ class LocalKafka:
     def stop(self, *, graceful: bool = True) -> None:
         """Stop the broker: SIGTERM and wait (or SIGKILL at once when not ``graceful``)."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, graceful=graceful)
 
     def restart(self, *, graceful: bool = True) -> None:
         """Stop and start the same node: same ports, same data."""
@@ -537,7 +514,7 @@ def _java_command(libs: Path, main_class: str, *args: str) -> list[str]:
 
 def _formatted_log_directory(version: str) -> Path:
     """Where the log directory formatted for Kafka ``version``'s brokers is kept."""
-    return _cache_root() / "kafka" / version / "formatted-log-dir"
+    return cache_root() / "kafka" / version / "formatted-log-dir"
 
 
 def _format_log_directory(data: Path, libs: Path, template: Path) -> None:

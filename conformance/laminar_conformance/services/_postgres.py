@@ -48,10 +48,9 @@ from laminar_conformance.services._kafka import (
     ServiceProvider,
     choose_provider,
     docker_engine_available,
-    free_port,
     temporary_workdir,
 )
-from laminar_conformance.services._process import ServiceError, require_success, spawn
+from laminar_conformance.services._process import ServiceError, free_port, require_success, spawn
 
 POSTGRES_DSN_VARIABLE = "LAMINAR_POSTGRES_DSN"
 """Set to a libpq connection string (``host=... port=... dbname=... user=...``) to test against

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import fcntl
+import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from laminar_sdk import LaminarError
@@ -105,3 +109,57 @@ def spawn(arguments: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:  #
         )
     )
     return process
+
+
+def stop_process(process: subprocess.Popen[bytes] | None, *, graceful: bool = True) -> None:
+    """Stop a service process: SIGTERM and wait 30 s, then SIGKILL.
+
+    Not ``graceful``: SIGKILL at once. A process that already ended, or ``None``, is left alone.
+    """
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+CACHE_VARIABLE = "LAMINAR_CACHE_DIR"
+"""Where downloaded jars, Kafka's formatted log directory and built tools are kept (default
+``~/.cache/laminar``)."""
+
+
+def cache_root() -> Path:
+    """The kit's cache directory: ``$LAMINAR_CACHE_DIR``, else ``~/.cache/laminar``."""
+    configured = os.environ.get(CACHE_VARIABLE)
+    return Path(configured) if configured else Path.home() / ".cache" / "laminar"
+
+
+def made_once(directory: Path, made: Path, make: Callable[[], None]) -> Path:
+    """``made``, made by ``make()`` the first time any process asks for it.
+
+    Concurrent callers (processes too) wait for one another on a lock in ``directory``; later
+    ones return at once. ``make`` creates ``made`` last: its existence says the work is whole.
+    """
+    if made.exists():
+        return made
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.exists():
+            make()
+    return made
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice).
+
+    Another process may take it before the caller binds it; services started on it fail to
+    start then, with their log, rather than talk to a stranger.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -20,8 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from laminar_conformance.services._kafka import free_port
-from laminar_conformance.services._process import ServiceError, spawn
+from laminar_conformance.services._process import ServiceError, free_port, spawn, stop_process
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
@@ -102,14 +100,7 @@ class LocalSparkConnect:
     def stop(self, *, graceful: bool = True) -> None:
         """Stop the server: SIGTERM and wait (or SIGKILL at once when not ``graceful``)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM if graceful else signal.SIGKILL)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, graceful=graceful)
 
     def __enter__(self) -> LocalSparkConnect:
         self.start()

@@ -12,7 +12,6 @@ runs per process, started on first use and killed with the process.
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import os
 import shutil
@@ -27,8 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from laminar_conformance.services._kafka import _cache_root, free_port
-from laminar_conformance.services._process import ServiceError, require_success, spawn
+from laminar_conformance.services._process import (
+    ServiceError,
+    cache_root,
+    free_port,
+    made_once,
+    require_success,
+    spawn,
+)
 
 TOXIPROXY_VERSION = "v2.12.0"
 """The Toxiproxy the kit builds (``@latest`` resolves to an older module path's release)."""
@@ -55,15 +60,10 @@ def resolve_toxiproxy_server(*, progress: bool = True) -> Path:
     on_path = shutil.which("toxiproxy-server")
     if on_path is not None:
         return Path(on_path)
-    root = _cache_root() / "toxiproxy" / TOXIPROXY_VERSION
+    root = cache_root() / "toxiproxy" / TOXIPROXY_VERSION
     binary = root / "toxiproxy-server"
-    if binary.exists():
-        return binary
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if binary.exists():
-            return binary
+
+    def build() -> None:
         go = shutil.which("go")
         if go is None:
             raise ServiceError(
@@ -87,7 +87,9 @@ def resolve_toxiproxy_server(*, progress: bool = True) -> Path:
         )
         require_success(result, f"go install of Toxiproxy {TOXIPROXY_VERSION} failed")
         (root / "bin" / "server").rename(binary)
-    return binary
+        (root / "bin").rmdir()
+
+    return made_once(root, binary, build)
 
 
 @dataclass(frozen=True, slots=True)
