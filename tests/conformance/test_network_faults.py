@@ -111,11 +111,11 @@ def _window(fault: str, *calls: CallUnderFault) -> FaultWindow:
 
 def test_a_call_ended_by_the_connector_naming_the_endpoint_passes():
     error = ConnectionFailed("the server at 127.0.0.1:40123 did not answer within 5s")
-    assert fault_problems(_window("blackhole", CallUnderFault("commit_epoch", error, 5.0))) == []
+    assert fault_problems(_window("blackhole", CallUnderFault("commit_epoch", error))) == []
 
 
 def test_a_hung_call_is_reported_as_waiting_with_no_timeout():
-    window = _window("blackhole", CallUnderFault("pre_commit", ConnectionFailed("x"), 45.0))
+    window = _window("blackhole", CallUnderFault("pre_commit", ConnectionFailed("x")))
     window.hung.set()
     (problem,) = fault_problems(window)
     assert "pre_commit did not end within" in problem
@@ -123,14 +123,14 @@ def test_a_hung_call_is_reported_as_waiting_with_no_timeout():
 
 
 def test_a_call_only_the_runtime_cancelled_is_reported():
-    window = _window("reset", CallUnderFault("write_batch", asyncio.CancelledError(), 20.0))
+    window = _window("reset", CallUnderFault("write_batch", asyncio.CancelledError()))
     (problem,) = fault_problems(window)
     assert f"only by the runtime's call timeout ({NETWORK_CALL_TIMEOUT_S:g}s)" in problem
 
 
 def test_a_retried_call_must_fail_transiently_and_name_the_endpoint():
     error = TransactionError("commit failed: server closed the connection")
-    problems = fault_problems(_window("reset", CallUnderFault("commit_epoch", error, 0.1)))
+    problems = fault_problems(_window("reset", CallUnderFault("commit_epoch", error)))
     assert len(problems) == 2
     assert "not transient" in problems[0]
     assert "does not name the endpoint 127.0.0.1:40123" in problems[1]
@@ -138,15 +138,15 @@ def test_a_retried_call_must_fail_transiently_and_name_the_endpoint():
 
 def test_a_write_may_fail_non_transiently_when_it_names_the_endpoint():
     error = TransactionError("connection to 127.0.0.1:40123 lost; the epoch's transaction is gone")
-    assert fault_problems(_window("reset", CallUnderFault("pre_commit", error, 0.1))) == []
+    assert fault_problems(_window("reset", CallUnderFault("pre_commit", error))) == []
 
 
 def test_calls_that_all_succeed_under_a_blackhole_bypass_the_proxy():
-    (problem,) = fault_problems(_window("blackhole", CallUnderFault("commit_epoch", None, 0.1)))
+    (problem,) = fault_problems(_window("blackhole", CallUnderFault("commit_epoch", None)))
     assert "does not connect through 127.0.0.1:40123" in problem
 
 
 def test_a_call_that_fails_under_latency_is_reported():
     error = ConnectionFailed("127.0.0.1:40123: timed out after 0.1 s")
-    (problem,) = fault_problems(_window("latency", CallUnderFault("write_batch", error, 0.1)))
+    (problem,) = fault_problems(_window("latency", CallUnderFault("write_batch", error)))
     assert "a slow network is not a broken one" in problem
