@@ -63,6 +63,7 @@ from laminar_sdk._durable import (
     make_dirs,
     write_file_atomically,
 )
+from laminar_sdk._epochs import EpochPhase, EpochTracker, OpenEpoch
 from laminar_sdk._errors import (
     CheckpointError,
     Closed,
@@ -157,7 +158,9 @@ __all__ = [
     "DeliveryGuaranteeWarning",
     "DistributedCommitSink",
     "EpochCoordinator",
+    "EpochPhase",
     "EpochResult",
+    "EpochTracker",
     "EvolutionVerdict",
     "FileCheckpointer",
     "ForwardingSink",
@@ -169,6 +172,7 @@ __all__ = [
     "InvalidState",
     "LaminarError",
     "MemoryCheckpointer",
+    "OpenEpoch",
     "PartitionInfo",
     "PartitionRange",
     "PartitionSnapshotEntry",

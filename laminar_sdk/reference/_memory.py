@@ -18,7 +18,6 @@ the reference for its extension too.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import json
 import os
@@ -38,6 +37,7 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorMetrics,
     DistributedCommitSink,
+    EpochTracker,
     InvalidState,
     PartitionInfo,
     PartitionRange,
@@ -417,16 +417,11 @@ class MemorySource(SourceConnector, RangeReadableSource):
 # Sink -------------------------------------------------------------------------------------
 
 
-class _Phase(enum.Enum):
-    WRITING = "writing"
-    PRE_COMMITTED = "pre-committed"
-    SKIPPING = "skipping an epoch committed before"
-
-
 @dataclass(slots=True)
-class _OpenEpoch:
-    number: int
-    phase: _Phase
+class _StagedParts:
+    """Where an open epoch is staged, the files it staged, and how many records they hold."""
+
+    directory: Path
     parts: list[str] = field(default_factory=list)
     records: int = 0
 
@@ -503,7 +498,7 @@ class MemorySink(SinkConnector, DistributedCommitSink):
 
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[_SinkSettings] = Lifecycle("memory sink")
-        self._epoch: _OpenEpoch | None = None
+        self._epochs: EpochTracker[_StagedParts] = EpochTracker("memory sink")
         self._records_total = 0
         self._bytes_total = 0
         self._epochs_committed = 0
@@ -569,14 +564,6 @@ class MemorySink(SinkConnector, DistributedCommitSink):
             .with_idempotent()
         )
 
-    def _current(self, operation: str, epoch: int | None = None) -> _OpenEpoch:
-        current = self._epoch
-        if current is None or (epoch is not None and current.number != epoch):
-            actual = "no epoch begun" if current is None else f"epoch {current.number} begun"
-            wanted = "" if epoch is None else f"({epoch})"
-            raise InvalidState(f"begin_epoch{wanted} before {operation}{wanted}", actual)
-        return current
-
     async def last_committed_epoch(self) -> int:
         """The newest epoch under ``path/committed`` (``-1``: none)."""
         settings = self._lifecycle.require("last_committed_epoch")
@@ -589,18 +576,15 @@ class MemorySink(SinkConnector, DistributedCommitSink):
         :raises InvalidState: when another epoch is open on this instance.
         """
         settings = self._lifecycle.require("begin_epoch")
-        if self._epoch is not None:
-            raise InvalidState(
-                f"commit_epoch or rollback_epoch of epoch {self._epoch.number} first",
-                f"begin_epoch({epoch}) while epoch {self._epoch.number} is open",
-            )
+        self._epochs.check_can_begin(epoch)
         if _epoch_directory(settings.directory, _COMMITTED, epoch).exists():
-            self._epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+            self._epochs.skip(epoch)
             self._epochs_skipped += 1
             return
         _discard_staging(settings.directory, epoch)
-        make_dirs(_epoch_directory(settings.directory, _STAGING, epoch))
-        self._epoch = _OpenEpoch(epoch, _Phase.WRITING)
+        staging = _epoch_directory(settings.directory, _STAGING, epoch)
+        make_dirs(staging)
+        self._epochs.begin(epoch, _StagedParts(staging))
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Stage ``batch`` in the open epoch; in a skipped epoch, write nothing.
@@ -611,19 +595,13 @@ class MemorySink(SinkConnector, DistributedCommitSink):
         """
         settings = self._lifecycle.require("write_batch")
         batch = conform_batch("memory sink", settings.schema, batch)
-        epoch = self._current("write_batch")
-        if epoch.phase is _Phase.SKIPPING:
+        staged = self._epochs.writing()
+        if staged is None:
             return WriteResult(0)
-        if epoch.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState(
-                f"write_batch before pre_commit({epoch.number})",
-                f"epoch {epoch.number} pre-committed",
-            )
-        name = f"part-{len(epoch.parts):06d}.arrow"
-        staging = _epoch_directory(settings.directory, _STAGING, epoch.number)
-        (staging / name).write_bytes(arrow_file_bytes(batch))
-        epoch.parts.append(name)
-        epoch.records += batch.num_rows
+        name = f"part-{len(staged.parts):06d}.arrow"
+        (staged.directory / name).write_bytes(arrow_file_bytes(batch))
+        staged.parts.append(name)
+        staged.records += batch.num_rows
         self._records_total += batch.num_rows
         self._bytes_total += batch.nbytes
         return WriteResult(batch.num_rows, batch.nbytes)
@@ -633,16 +611,15 @@ class MemorySink(SinkConnector, DistributedCommitSink):
 
         :raises InvalidState: when ``epoch`` is not the epoch open on this instance.
         """
-        settings = self._lifecycle.require("pre_commit")
-        current = self._current("pre_commit", epoch)
-        if current.phase is not _Phase.WRITING:
+        self._lifecycle.require("pre_commit")
+        staged = self._epochs.pre_committing(epoch)
+        if staged is None:
             return
-        staging = _epoch_directory(settings.directory, _STAGING, epoch)
-        for part in current.parts:
-            fsync_path(staging / part)
-        manifest = {"epoch": epoch, "parts": current.parts, "records": current.records}
-        write_file_atomically(staging / _MANIFEST, json.dumps(manifest).encode())
-        current.phase = _Phase.PRE_COMMITTED
+        for part in staged.parts:
+            fsync_path(staged.directory / part)
+        manifest = {"epoch": epoch, "parts": staged.parts, "records": staged.records}
+        write_file_atomically(staged.directory / _MANIFEST, json.dumps(manifest).encode())
+        self._epochs.pre_committed(epoch)
 
     async def commit_epoch(self, epoch: int) -> None:
         """Publish pre-committed ``epoch`` atomically; nothing happens if it is committed.
@@ -653,12 +630,7 @@ class MemorySink(SinkConnector, DistributedCommitSink):
             instance: begun but not pre-committed).
         """
         settings = self._lifecycle.require("commit_epoch")
-        current = self._epoch if self._epoch and self._epoch.number == epoch else None
-        if current is not None and current.phase is _Phase.WRITING:
-            raise InvalidState(
-                f"pre_commit({epoch}) before commit_epoch({epoch})",
-                f"epoch {epoch} not pre-committed",
-            )
+        self._epochs.committing(epoch)
         committed = _epoch_directory(settings.directory, _COMMITTED, epoch)
         if not committed.exists():
             staging = _epoch_directory(settings.directory, _STAGING, epoch)
@@ -671,8 +643,7 @@ class MemorySink(SinkConnector, DistributedCommitSink):
             fsync_path(committed.parent)
             fsync_path(staging.parent)
             self._epochs_committed += 1
-        if current is not None:
-            self._epoch = None
+        self._epochs.finish(epoch)
 
     def as_distributed_commit(self) -> DistributedCommitSink:
         """This sink: write tasks stage in parallel, one commit publishes them."""
@@ -757,8 +728,7 @@ class MemorySink(SinkConnector, DistributedCommitSink):
         """
         settings = self._lifecycle.require("rollback_epoch")
         _discard_staging(settings.directory, epoch)
-        if self._epoch is not None and self._epoch.number == epoch:
-            self._epoch = None
+        self._epochs.finish(epoch)
 
     def metrics(self) -> ConnectorMetrics:
         """Records and Arrow bytes staged by this instance, and epoch counts.
@@ -781,7 +751,7 @@ class MemorySink(SinkConnector, DistributedCommitSink):
         A pre-committed epoch stays committable by another instance; any other is discarded
         by the next attempt at it.
         """
-        self._epoch = None
+        self._epochs.abandon()
         self._lifecycle.close()
 
 

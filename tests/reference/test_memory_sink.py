@@ -148,7 +148,7 @@ def test_calls_out_of_protocol_order_are_refused(run, tmp_path):
     with pytest.raises(InvalidState, match="begin_epoch"):
         run(sink.write_batch(ids_batch([1])))
     run(sink.begin_epoch(0))
-    with pytest.raises(InvalidState, match="epoch 0 is open"):
+    with pytest.raises(InvalidState, match="while epoch 0 is being written"):
         run(sink.begin_epoch(1))
     with pytest.raises(InvalidState, match="pre_commit"):
         run(sink.commit_epoch(0))

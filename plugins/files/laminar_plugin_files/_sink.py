@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorMetrics,
     DistributedCommitSink,
-    InvalidState,
+    EpochTracker,
     SinkConnector,
     SinkConnectorCapabilities,
     WriteResult,
@@ -79,19 +78,6 @@ def _check_no_partition_column(schema: pa.Schema) -> None:
         )
 
 
-class _Phase(enum.Enum):
-    WRITING = "writing"
-    PRE_COMMITTED = "pre-committed"
-    SKIPPING = "skipping an epoch committed before"
-
-
-@dataclass(slots=True)
-class _OpenEpoch:
-    number: int
-    phase: _Phase
-    files: StagedFiles | None = None
-
-
 @dataclass(frozen=True, slots=True)
 class _Settings:
     directory: Path
@@ -151,7 +137,7 @@ class FilesSink(SinkConnector, DistributedCommitSink):
 
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[_Settings] = Lifecycle(_LABEL)
-        self._epoch: _OpenEpoch | None = None
+        self._epochs: EpochTracker[StagedFiles] = EpochTracker(_LABEL)
         self._records_total = 0
         self._bytes_total = 0
         self._epochs_committed = 0
@@ -209,14 +195,6 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         """This sink: write tasks :meth:`stage`, one :meth:`commit_aggregated` publishes."""
         return self
 
-    def _current(self, operation: str, epoch: int | None = None) -> _OpenEpoch:
-        current = self._epoch
-        if current is None or (epoch is not None and current.number != epoch):
-            actual = "no epoch begun" if current is None else f"epoch {current.number} begun"
-            wanted = "" if epoch is None else f"({epoch})"
-            raise InvalidState(f"begin_epoch{wanted} before {operation}{wanted}", actual)
-        return current
-
     async def last_committed_epoch(self) -> int:
         """The newest epoch published under ``path`` (``epoch=<e>``; ``-1``: none)."""
         settings = self._lifecycle.require("last_committed_epoch")
@@ -228,13 +206,9 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         :raises InvalidState: when another epoch is open on this instance.
         """
         settings = self._lifecycle.require("begin_epoch")
-        if self._epoch is not None:
-            raise InvalidState(
-                f"commit_epoch or rollback_epoch of epoch {self._epoch.number} first",
-                f"begin_epoch({epoch}) while epoch {self._epoch.number} is open",
-            )
+        self._epochs.check_can_begin(epoch)
         if published_directory(settings.directory, epoch).exists():
-            self._epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+            self._epochs.skip(epoch)
             self._epochs_skipped += 1
             return
         discard_staging(settings.directory, epoch)
@@ -248,7 +222,7 @@ class FilesSink(SinkConnector, DistributedCommitSink):
             schema=settings.schema,
             rows_per_file=settings.rows_per_file,
         )
-        self._epoch = _OpenEpoch(epoch, _Phase.WRITING, files)
+        self._epochs.begin(epoch, files)
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Stage ``batch`` in the open epoch; in a skipped epoch, write nothing.
@@ -259,15 +233,10 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         """
         settings = self._lifecycle.require("write_batch")
         batch = conform_batch(_LABEL, settings.schema, batch)
-        current = self._current("write_batch")
-        if current.phase is _Phase.SKIPPING:
+        files = self._epochs.writing()
+        if files is None:
             return WriteResult(0)
-        if current.files is None or current.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState(
-                f"write_batch before pre_commit({current.number})",
-                f"epoch {current.number} pre-committed",
-            )
-        current.files.write(batch)
+        files.write(batch)
         self._records_total += batch.num_rows
         self._bytes_total += batch.nbytes
         return WriteResult(batch.num_rows, batch.nbytes)
@@ -278,14 +247,13 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         :raises InvalidState: when ``epoch`` is not the epoch open on this instance.
         """
         settings = self._lifecycle.require("pre_commit")
-        current = self._current("pre_commit", epoch)
-        if current.phase is not _Phase.WRITING or current.files is None:
+        files = self._epochs.pre_committing(epoch)
+        if files is None:
             return
-        names = current.files.finish()
-        staged = EpochFiles(epoch, tuple(names), current.files.rows)
+        staged = EpochFiles(epoch, tuple(files.finish()), files.rows)
         manifest = staging_directory(settings.directory, epoch) / MANIFEST
         write_file_atomically(manifest, staged.to_json().encode())
-        current.phase = _Phase.PRE_COMMITTED
+        self._epochs.pre_committed(epoch)
 
     async def commit_epoch(self, epoch: int) -> None:
         """Publish pre-committed ``epoch`` with one rename; nothing happens if it is published.
@@ -296,26 +264,19 @@ class FilesSink(SinkConnector, DistributedCommitSink):
             instance: begun but not pre-committed).
         """
         settings = self._lifecycle.require("commit_epoch")
-        current = self._epoch if self._epoch and self._epoch.number == epoch else None
-        if current is not None and current.phase is _Phase.WRITING:
-            raise InvalidState(
-                f"pre_commit({epoch}) before commit_epoch({epoch})",
-                f"epoch {epoch} not pre-committed",
-            )
+        self._epochs.committing(epoch)
         if not published_before(settings.directory, epoch):
             staged = read_staged_manifest(_LABEL, settings.directory, epoch)
             if publish(_LABEL, settings.directory, staged):
                 self._epochs_committed += 1
-        if current is not None:
-            self._epoch = None
+        self._epochs.finish(epoch)
 
     async def rollback_epoch(self, epoch: int) -> None:
         """Delete everything staged for ``epoch``, by any writer; a published epoch stays."""
         settings = self._lifecycle.require("rollback_epoch")
-        if self._epoch is not None and self._epoch.number == epoch:
-            if self._epoch.files is not None:
-                self._epoch.files.abandon()
-            self._epoch = None
+        rolled_back = self._epochs.finish(epoch)
+        if rolled_back is not None and rolled_back.held is not None:
+            rolled_back.held.abandon()
         discard_staging(settings.directory, epoch)
 
     async def stage(self, epoch: int, task: str, batches: AsyncIterable[pa.RecordBatch]) -> str:
@@ -389,7 +350,7 @@ class FilesSink(SinkConnector, DistributedCommitSink):
         A pre-committed epoch stays committable by another instance; any other is discarded
         by the next attempt at it, or by the rollback recovery performs.
         """
-        if self._epoch is not None and self._epoch.files is not None:
-            self._epoch.files.abandon()
-        self._epoch = None
+        abandoned = self._epochs.abandon()
+        if abandoned is not None and abandoned.held is not None:
+            abandoned.held.abandon()
         self._lifecycle.close()

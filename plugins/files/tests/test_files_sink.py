@@ -174,7 +174,7 @@ def test_commit_before_pre_commit_or_of_an_unknown_epoch_is_invalid(tmp_path):
         asyncio.run(sink.commit_epoch(0))
     with pytest.raises(InvalidState, match="never pre-committed"):
         asyncio.run(open_sink(tmp_path).commit_epoch(5))
-    with pytest.raises(InvalidState, match="epoch 0 is open"):
+    with pytest.raises(InvalidState, match="while epoch 0 is being written"):
         asyncio.run(sink.begin_epoch(1))
     assert visible_ids(tmp_path) == []
 

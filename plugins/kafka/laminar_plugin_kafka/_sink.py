@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
 import json
 import logging
 import tempfile
@@ -58,9 +57,11 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorError,
     ConnectorMetrics,
+    EpochPhase,
+    EpochTracker,
     HealthStatus,
-    InvalidState,
     LaminarError,
+    OpenEpoch,
     SinkConnector,
     SinkConnectorCapabilities,
     Timeout,
@@ -128,12 +129,6 @@ class _RetriableTransactionError(TransactionError):
     transient = True
 
 
-class _Phase(enum.Enum):
-    WRITING = "writing"
-    PRE_COMMITTED = "pre-committed"
-    SKIPPING = "skipping an epoch committed before"
-
-
 class _StagedCopy:
     """An epoch's batches as one Arrow IPC stream, spooled to a file as they are produced.
 
@@ -186,11 +181,16 @@ class _StagedCopy:
 
 
 @dataclass(slots=True)
-class _OpenEpoch:
-    number: int
-    phase: _Phase
-    staged: _StagedCopy | None = None
+class _Transaction:
+    """What an open epoch holds: whether its transaction is open, and its staged copy."""
+
     in_transaction: bool = False
+    staged: _StagedCopy | None = None
+
+
+def _holds_a_transaction(epoch: OpenEpoch[_Transaction] | None) -> bool:
+    """Whether ``epoch`` was open here with its transaction still open in the producer."""
+    return epoch is not None and epoch.held is not None and epoch.held.in_transaction
 
 
 @dataclass(slots=True)
@@ -232,7 +232,7 @@ class _Writer:
     staging: EpochStaging | None = None
     admin: AdminClient | None = None
     last_committed: int = -1
-    epoch: _OpenEpoch | None = None
+    epochs: EpochTracker[_Transaction] = field(default_factory=lambda: EpochTracker(SINK_NAME))
 
     def staged(self) -> EpochStaging:
         """Where this sink's pre-committed epochs are kept (exactly-once sinks have one)."""
@@ -345,10 +345,10 @@ class KafkaSink(SinkConnector):
             return
         if self._unclosed is not None:
             self._unclosed.detach()
-        epoch, writer.epoch = writer.epoch, None
-        if epoch is not None and epoch.in_transaction:
+        abandoned = writer.epochs.abandon()
+        if abandoned is not None and _holds_a_transaction(abandoned):
             with contextlib.suppress(ConnectorError):  # _abort logs what it cannot do
-                await asyncio.to_thread(_abort, writer, epoch.number)
+                await asyncio.to_thread(_abort, writer, abandoned.number)
         await asyncio.to_thread(writer.producer.purge)
 
     # The epoch protocol ---------------------------------------------------------------------
@@ -363,13 +363,9 @@ class KafkaSink(SinkConnector):
         :raises InvalidState: when another epoch is still open.
         """
         writer = self._lifecycle.require("begin_epoch")
-        if writer.epoch is not None:
-            raise InvalidState(
-                f"epoch {writer.epoch.number} committed or rolled back before begin_epoch()",
-                f"begin_epoch({epoch}) with epoch {writer.epoch.number} {writer.epoch.phase.value}",
-            )
+        writer.epochs.check_can_begin(epoch)
         if not writer.settings.exactly_once:
-            writer.epoch = _OpenEpoch(epoch, _Phase.WRITING)
+            writer.epochs.begin(epoch, _Transaction())
             return
         if epoch <= writer.last_committed:
             logger.info(
@@ -378,7 +374,7 @@ class KafkaSink(SinkConnector):
                 epoch,
                 writer.last_committed,
             )
-            writer.epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+            writer.epochs.skip(epoch)
             return
         staged = _StagedCopy(epoch, writer.settings.schema)  # no transaction left open if it fails
         writer.deliveries.clear()
@@ -387,7 +383,7 @@ class KafkaSink(SinkConnector):
         except KafkaException as error:
             staged.close()
             raise _transaction_error(writer.settings, f"begin epoch {epoch}", error) from error
-        writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, staged, in_transaction=True)
+        writer.epochs.begin(epoch, _Transaction(in_transaction=True, staged=staged))
 
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
         """Produce one record per row, in the epoch's transaction.
@@ -398,15 +394,13 @@ class KafkaSink(SinkConnector):
         """
         writer = self._lifecycle.require("write_batch")
         records = outgoing_records(SINK_NAME, batch, writer.settings)
-        epoch = writer.epoch
-        if epoch is None or epoch.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState("begin_epoch() before write_batch()", "no epoch being written")
-        if epoch.phase is _Phase.SKIPPING:
+        transaction = writer.epochs.writing()
+        if transaction is None:  # skipped
             return WriteResult(batch.num_rows, 0)
-        if epoch.staged is None:
+        if transaction.staged is None:
             await asyncio.to_thread(_produce, writer, records)
         else:  # the staged copy is written beside the producing thread
-            staged = epoch.staged
+            staged = transaction.staged
             await _all_of(
                 asyncio.to_thread(_produce, writer, records),
                 asyncio.to_thread(staged.write, batch),
@@ -426,23 +420,21 @@ class KafkaSink(SinkConnector):
             the brokers refused some.
         """
         writer = self._lifecycle.require("pre_commit")
-        current = _require_epoch(writer, epoch, "pre_commit")
-        if current.phase is _Phase.SKIPPING:
+        transaction = writer.epochs.pre_committing(epoch)
+        if transaction is None:  # skipped, or pre-committed already
             return
-        if current.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState(f"epoch {epoch} being written", f"epoch {epoch} pre-committed")
         if not writer.settings.exactly_once:
             await asyncio.to_thread(_flush, writer)
-            current.phase = _Phase.PRE_COMMITTED
+            writer.epochs.pre_committed(epoch)
             return
         await asyncio.to_thread(_produce_marker, writer, epoch)
-        assert current.staged is not None, "begin_epoch starts the staged copy"
+        assert transaction.staged is not None, "begin_epoch starts the staged copy"
         # Flush and stage at once: one waits on the brokers, the other on the disk. A failed
         # flush leaves a staged copy behind, which rolling the epoch back discards.
-        await _all_of(asyncio.to_thread(_flush, writer), _stage(writer, epoch, current.staged))
+        await _all_of(asyncio.to_thread(_flush, writer), _stage(writer, epoch, transaction.staged))
         crash_point("epoch-staged")  # acknowledged and staged; the transaction still open
-        current.staged = None
-        current.phase = _Phase.PRE_COMMITTED
+        transaction.staged = None
+        writer.epochs.pre_committed(epoch)
 
     async def commit_epoch(self, epoch: int) -> None:
         """Commit the epoch's transaction; on a new instance, commit the staged copy.
@@ -455,36 +447,30 @@ class KafkaSink(SinkConnector):
         :raises InvalidState: when the epoch was not pre-committed.
         """
         writer = self._lifecycle.require("commit_epoch")
+        current = writer.epochs.committing(epoch)
         if not writer.settings.exactly_once:
-            current = writer.epoch
-            if current is not None and current.number == epoch:
-                writer.epoch = None
+            if writer.epochs.finish(epoch) is not None:
                 self._epochs_committed += 1
             return
-        current = writer.epoch
         if epoch <= writer.last_committed:
-            if current is not None and current.number == epoch:
-                writer.epoch = None
-                self._epochs_skipped += current.phase is _Phase.SKIPPING
+            self._epochs_skipped += current is not None and current.phase is EpochPhase.SKIPPED
+            writer.epochs.finish(epoch)
             await writer.staged().discard(epoch)
             return
-        if current is not None and current.number != epoch:
-            raise InvalidState(f"commit_epoch({current.number})", f"commit_epoch({epoch})")
-        if current is not None and current.phase is not _Phase.PRE_COMMITTED:
-            raise InvalidState(f"pre_commit({epoch}) before commit_epoch()", current.phase.value)
-        if current is None or not current.in_transaction:
+        transaction = None if current is None else current.held
+        if transaction is None or not transaction.in_transaction:
             # Pre-committed by an instance that stopped (its transaction was aborted when this
             # one opened), or aborted here: produce the staged copy in a new transaction.
             with await _staged_copy(writer, epoch) as staged:
                 await asyncio.to_thread(_produce_staged, writer, epoch, staged)
             crash_point("staged-copy-produced")
-            writer.epoch = _OpenEpoch(epoch, _Phase.PRE_COMMITTED, in_transaction=True)
+            writer.epochs.hold_pre_committed(epoch, _Transaction(in_transaction=True))
         try:
             committed = await asyncio.to_thread(_commit_transaction, writer, epoch)
         except TransactionError:
             self._errors_total += 1
             raise
-        writer.epoch = None
+        writer.epochs.finish(epoch)
         if not committed:
             self._errors_total += 1
             raise _RetriableTransactionError(
@@ -502,11 +488,9 @@ class KafkaSink(SinkConnector):
         A committed epoch is never touched. With at-least-once, records already flushed stay.
         """
         writer = self._lifecycle.require("rollback_epoch")
-        current = writer.epoch
-        if current is not None and current.number == epoch:
-            if current.in_transaction:
-                await asyncio.to_thread(_abort, writer, epoch)
-            writer.epoch = None
+        rolled_back = writer.epochs.finish(epoch)
+        if _holds_a_transaction(rolled_back):
+            await asyncio.to_thread(_abort, writer, epoch)
         if writer.staging is not None and epoch > writer.last_committed:
             await writer.staging.discard(epoch)
 
@@ -615,14 +599,6 @@ def _init_transactions(writer: _Writer) -> None:
             wait_s = min(wait_s * 2, _INIT_LAST_SLICE_S)
             continue
         return
-
-
-def _require_epoch(writer: _Writer, epoch: int, call: str) -> _OpenEpoch:
-    current = writer.epoch
-    if current is None or current.number != epoch:
-        shown = "no epoch" if current is None else f"epoch {current.number}"
-        raise InvalidState(f"begin_epoch({epoch}) before {call}({epoch})", f"{shown} open")
-    return current
 
 
 def _sink_error(settings: SinkSettings, what: str, error: BaseException) -> ConnectorError:

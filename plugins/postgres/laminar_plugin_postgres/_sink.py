@@ -64,6 +64,8 @@ from laminar_sdk import (
     ConnectorError,
     ConnectorMetrics,
     DistributedCommitSink,
+    EpochPhase,
+    EpochTracker,
     HealthStatus,
     InvalidState,
     SchemaMismatch,
@@ -236,16 +238,11 @@ def _staging(config: ConnectorConfig) -> StateStore:
     return config.state_store
 
 
-class _Phase(enum.Enum):
-    WRITING = "writing"
-    PRE_COMMITTED = "pre-committed"
-    SKIPPING = "skipping an epoch committed before"
-
-
 @dataclass(slots=True)
-class _OpenEpoch:
-    number: int
-    phase: _Phase
+class _Transaction:
+    """An epoch's (or a write task's) transaction: its ``COPY``, its prepared id, its batches."""
+
+    epoch: int
     in_transaction: bool = False
     gid: str | None = None
     batches: list[pa.RecordBatch] = field(default_factory=list)
@@ -260,7 +257,7 @@ class _Writer:
     session: Session
     schema: pa.Schema
     markers: Markers
-    epoch: _OpenEpoch | None = None
+    epochs: EpochTracker[_Transaction] = field(default_factory=lambda: EpochTracker(SINK_NAME))
 
 
 class PostgresSink(SinkConnector):
@@ -362,11 +359,7 @@ class PostgresSink(SinkConnector):
         :raises InvalidState: when another epoch is still open.
         """
         writer = self._lifecycle.require("begin_epoch")
-        if writer.epoch is not None:
-            raise InvalidState(
-                f"epoch {writer.epoch.number} committed or rolled back before begin_epoch()",
-                f"begin_epoch({epoch}) with epoch {writer.epoch.number} {writer.epoch.phase.value}",
-            )
+        writer.epochs.check_can_begin(epoch)
         settings = writer.settings
         await _live_session(writer)
         try:
@@ -380,7 +373,7 @@ class PostgresSink(SinkConnector):
                         last,
                     )
                     self._epochs_skipped += 1
-                    writer.epoch = _OpenEpoch(epoch, _Phase.SKIPPING)
+                    writer.epochs.skip(epoch)
                     return
             if settings.mode is Mode.TWO_PHASE:
                 # The runtime resolves every epoch it decided before it begins another: any
@@ -390,7 +383,7 @@ class PostgresSink(SinkConnector):
         except psycopg.Error as error:
             raise transaction_failure(settings.connection, f"begin epoch {epoch}", error) from None
         gid = make_gid(settings.sink_id, epoch, uuid.uuid4().hex[:12])
-        writer.epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
+        writer.epochs.begin(epoch, _Transaction(epoch, in_transaction=True, gid=gid))
 
     @bounded_by_network_timeout
     async def write_batch(self, batch: pa.RecordBatch) -> WriteResult:
@@ -402,30 +395,26 @@ class PostgresSink(SinkConnector):
         """
         writer = self._lifecycle.require("write_batch")
         _check_schema(batch.schema, writer.schema)
-        epoch = writer.epoch
-        if epoch is None or epoch.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState(
-                "begin_epoch() before write_batch()", "no epoch being written (or it failed)"
-            )
-        if epoch.phase is _Phase.SKIPPING:
+        transaction = writer.epochs.writing()
+        if transaction is None:  # skipped
             return WriteResult(batch.num_rows, 0)
         data = await asyncio.to_thread(copy_csv, batch)
         try:
             if writer.settings.mode is Mode.UPSERT:
                 await _upsert(writer, batch.schema.names, data)
             else:
-                if epoch.stream is None:
-                    epoch.stream = _CopyStream(
+                if transaction.stream is None:
+                    transaction.stream = _CopyStream(
                         writer.session, writer.settings.table, batch.schema.names
                     )
-                await epoch.stream.write(data)
+                await transaction.stream.write(data)
         except psycopg.Error as error:
             self._errors_total += 1
-            epoch.phase = _Phase.PRE_COMMITTED  # nothing more may be written to it
-            await _abandon(writer, epoch)
-            raise _epoch_failure(writer, epoch.number, error) from None
+            writer.epochs.failed(transaction.epoch)
+            await _abandon(writer, transaction)
+            raise _epoch_failure(writer, transaction.epoch, error) from None
         if writer.settings.mode is Mode.APPEND:
-            epoch.batches.append(batch)
+            transaction.batches.append(batch)
         self._records_total += batch.num_rows
         self._bytes_total += len(data)
         return WriteResult(batch.num_rows, len(data))
@@ -440,11 +429,9 @@ class PostgresSink(SinkConnector):
         :raises TransactionError: when ``PREPARE TRANSACTION`` fails.
         """
         writer = self._lifecycle.require("pre_commit")
-        current = _require_epoch(writer, epoch, "pre_commit")
-        if current.phase is _Phase.SKIPPING:
+        current = writer.epochs.pre_committing(epoch)
+        if current is None:  # skipped, or pre-committed already
             return
-        if current.phase is _Phase.PRE_COMMITTED:
-            raise InvalidState(f"epoch {epoch} being written", f"epoch {epoch} pre-committed")
         settings = writer.settings
         if settings.mode is Mode.APPEND:
             # The server stores the rows while the staged copy is written.
@@ -477,7 +464,7 @@ class PostgresSink(SinkConnector):
                 await _abandon(writer, current)
                 raise _epoch_failure(writer, epoch, error) from None
             current.in_transaction = False  # prepared (two-phase) or committed (upsert)
-        current.phase = _Phase.PRE_COMMITTED
+        writer.epochs.pre_committed(epoch)
 
     @bounded_by_network_timeout
     async def commit_epoch(self, epoch: int) -> None:
@@ -489,12 +476,11 @@ class PostgresSink(SinkConnector):
             its prepared transaction rolled back by hand).
         """
         writer = self._lifecycle.require("commit_epoch")
-        current = writer.epoch
-        if current is not None and current.number != epoch:
-            raise InvalidState(f"commit_epoch({current.number})", f"commit_epoch({epoch})")
-        writer.epoch = None
-        if current is not None and current.phase is _Phase.SKIPPING:
+        open_here = writer.epochs.committing(epoch)
+        writer.epochs.finish(epoch)  # a commit that fails is retried from what the server holds
+        if open_here is not None and open_here.phase is EpochPhase.SKIPPED:
             return
+        current = None if open_here is None else open_here.held
         settings = writer.settings
         if settings.mode is Mode.UPSERT:
             return  # committed by pre_commit
@@ -515,10 +501,9 @@ class PostgresSink(SinkConnector):
         Idempotent; also for an epoch this instance never began.
         """
         writer = self._lifecycle.require("rollback_epoch")
-        current = writer.epoch
-        if current is not None and current.number == epoch:
-            writer.epoch = None
-            await _abandon(writer, current)
+        rolled_back = writer.epochs.finish(epoch)
+        if rolled_back is not None and rolled_back.held is not None:
+            await _abandon(writer, rolled_back.held)
         settings = writer.settings
         try:
             if settings.mode is Mode.TWO_PHASE:
@@ -633,22 +618,22 @@ async def _commit_prepared_alone(
     await writer.markers.finish_prepared_epoch(session, epoch)
 
 
-async def _finish_stream(epoch: _OpenEpoch) -> None:
-    """End the epoch's ``COPY``, if it began one."""
-    stream, epoch.stream = epoch.stream, None
+async def _finish_stream(transaction: _Transaction) -> None:
+    """End the transaction's ``COPY``, if it began one."""
+    stream, transaction.stream = transaction.stream, None
     if stream is not None:
         await stream.finish()
 
 
-async def _abandon(writer: _Writer, epoch: _OpenEpoch) -> None:
-    """Stop the epoch's ``COPY`` and roll its transaction back (the server aborts it)."""
-    stream, epoch.stream = epoch.stream, None
+async def _abandon(writer: _Writer, transaction: _Transaction) -> None:
+    """Stop the transaction's ``COPY`` and roll it back (the server aborts it)."""
+    stream, transaction.stream = transaction.stream, None
     if stream is not None:
         await stream.abandon()
-    if epoch.in_transaction and not writer.session.broken:
+    if transaction.in_transaction and not writer.session.broken:
         with contextlib.suppress(psycopg.Error):
             await writer.session.execute("ROLLBACK")
-    epoch.in_transaction = False
+    transaction.in_transaction = False
 
 
 async def _live_session(writer: _Writer) -> Session:
@@ -678,7 +663,7 @@ def _epoch_failure(writer: _Writer, epoch: int, error: psycopg.Error) -> Connect
     return cause
 
 
-async def _prepared_of(writer: _Writer, epoch: int, current: _OpenEpoch | None) -> list[str]:
+async def _prepared_of(writer: _Writer, epoch: int, current: _Transaction | None) -> list[str]:
     """The prepared transactions holding ``epoch``: this instance's, else any in the server.
 
     :raises TransactionError: when there is none and the epoch was not committed.
@@ -701,14 +686,6 @@ async def _prepared_of(writer: _Writer, epoch: int, current: _OpenEpoch | None) 
             writer.settings.connection, f"find epoch {epoch}'s transactions", error
         ) from None
     return found
-
-
-def _require_epoch(writer: _Writer, epoch: int, call: str) -> _OpenEpoch:
-    current = writer.epoch
-    if current is None or current.number != epoch:
-        shown = "no epoch" if current is None else f"epoch {current.number}"
-        raise InvalidState(f"begin_epoch({epoch}) before {call}({epoch})", shown)
-    return current
 
 
 def _check_schema(given: pa.Schema, expected: pa.Schema) -> None:
@@ -1048,15 +1025,15 @@ class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
         settings = writer.settings
         suffix = hashlib.sha256(task.encode()).hexdigest()[:16]
         gid = make_gid(settings.sink_id, epoch, suffix)
-        task_epoch = _OpenEpoch(epoch, _Phase.WRITING)
+        task_transaction = _Transaction(epoch)
         try:
             if epoch <= await writer.markers.last_committed(writer.session):
                 async for _ in batches:
                     pass
                 return ""
             await writer.session.execute("BEGIN")
-            task_epoch = _OpenEpoch(epoch, _Phase.WRITING, in_transaction=True, gid=gid)
-            stream = task_epoch.stream = _CopyStream(
+            task_transaction = _Transaction(epoch, in_transaction=True, gid=gid)
+            stream = task_transaction.stream = _CopyStream(
                 writer.session, settings.table, writer.schema.names
             )
             async for batch in batches:
@@ -1069,10 +1046,10 @@ class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
             await writer.markers.record_prepared(writer.session, gid, epoch)
             await writer.session.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))
         except psycopg.Error as error:
-            await _abandon(writer, task_epoch)
+            await _abandon(writer, task_transaction)
             raise failure(settings.connection, f"stage epoch {epoch} ({task})", error) from None
         except BaseException:
-            await _abandon(writer, task_epoch)
+            await _abandon(writer, task_transaction)
             raise
         crash_point("task-prepared")
         return gid

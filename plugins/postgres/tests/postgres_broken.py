@@ -22,11 +22,11 @@ class MarkerApart(PostgresSink):
 
     async def commit_epoch(self, epoch: int) -> None:
         writer = self._lifecycle.require("commit_epoch")
-        current = writer.epoch
-        if current is None or not current.in_transaction:
+        current = writer.epochs.committing(epoch)
+        if current is None or current.held is None or not current.held.in_transaction:
             await super().commit_epoch(epoch)
             return
-        writer.epoch = None
+        writer.epochs.finish(epoch)
         await writer.session.execute("COMMIT")
         crash_point("rows-committed")
         await writer.markers.record_whole(writer.session, epoch)
