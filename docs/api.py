@@ -26,7 +26,8 @@ PAGES = HERE / "api"
 
 MODULES = {
     "laminar_sdk": "the connector contract, configuration, errors, checkpoint stores, runtime",
-    "laminar_sdk.spark": "the Spark bridge: format('laminar'), its options, crash points",
+    "laminar_sdk.spark": "the Spark bridge: format('laminar'), its options",
+    "laminar_sdk.faults": "fault injection for test kits: simulated crashes and crash points",
     "laminar_sdk.reference": "the reference connectors: generator, memory, null",
     "laminar_conformance.contexts": "what a plugin gives the kit: its test contexts",
     "laminar_conformance.sink": "the sink suites",

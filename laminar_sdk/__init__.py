@@ -51,11 +51,10 @@ from laminar_sdk._coordinator import (
     EpochResult,
     ProtocolStep,
     RetryPolicy,
-    SimulatedCrash,
     StepObserver,
     stage_task,
 )
-from laminar_sdk._crash_points import CrashPointInjector, crash_point, injecting_crash_points
+from laminar_sdk._crash_points import crash_point
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
 from laminar_sdk._durable import (
     create_file_atomically,
@@ -153,7 +152,6 @@ __all__ = [
     "ConnectorRegistry",
     "ConnectorRole",
     "ConnectorSpec",
-    "CrashPointInjector",
     "DeliveryGuarantee",
     "DeliveryGuaranteeWarning",
     "DistributedCommitSink",
@@ -196,7 +194,6 @@ __all__ = [
     "SchemaProvider",
     "SchemaRegistryAware",
     "SerdeError",
-    "SimulatedCrash",
     "SinkConnector",
     "SinkConnectorCapabilities",
     "SinkEpochStatus",
@@ -215,7 +212,6 @@ __all__ = [
     "fsync_path",
     "hookimpl",
     "hookspec",
-    "injecting_crash_points",
     "installed_checkpointers",
     "load_checkpoint",
     "load_connector_registry",

@@ -24,15 +24,15 @@ import pyarrow.dataset as ds
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRole
-from laminar_sdk._spark.faults import (
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
+from laminar_sdk._terminal import format_table
+from laminar_sdk.faults import (
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
     CrashPoint,
     CrashStep,
     crash_recorded,
 )
-from laminar_sdk._spark.temporary_files import spark_temporary_files_in
-from laminar_sdk._terminal import format_table
 
 ROWS_PER_PARTITION = 50_000
 PARTITIONS = 2

@@ -27,27 +27,13 @@ from laminar_sdk._spark.arrow import (
     spark_round_trip_schema,
 )
 from laminar_sdk._spark.datasource import FORMAT_NAME, LaminarDataSource
-from laminar_sdk._spark.faults import (
-    CRASH_AT_FILE_PREFIX,
-    CRASH_AT_VARIABLE,
-    CRASH_RECORD_VARIABLE,
-    KILL_WRITER_VARIABLE,
-    CrashPoint,
-    CrashStep,
-)
 from laminar_sdk._spark.options import SDK_OPTIONS, BridgeOptions, SdkOption, parse_options
 from laminar_sdk._spark.session import build_session
 
 __all__ = [
-    "CRASH_AT_FILE_PREFIX",
-    "CRASH_AT_VARIABLE",
-    "CRASH_RECORD_VARIABLE",
     "FORMAT_NAME",
-    "KILL_WRITER_VARIABLE",
     "SDK_OPTIONS",
     "BridgeOptions",
-    "CrashPoint",
-    "CrashStep",
     "LaminarDataSource",
     "SdkOption",
     "build_session",

@@ -13,7 +13,7 @@ import pytest
 
 import laminar_sdk
 from laminar_sdk import _hookspecs
-from laminar_sdk.spark import CrashStep
+from laminar_sdk.faults import CrashStep
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

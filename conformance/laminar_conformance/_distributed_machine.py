@@ -29,12 +29,8 @@ from laminar_conformance._figures import Figures
 from laminar_conformance._ledger import Attempt, AttemptStatus, Ledger
 from laminar_conformance._sink_machine import FAULTS, open_sink
 from laminar_conformance._suite import Target
-from laminar_sdk import (
-    DistributedCommitSink,
-    SimulatedCrash,
-    SinkConnector,
-    SinkConnectorCapabilities,
-)
+from laminar_sdk import DistributedCommitSink, SinkConnector, SinkConnectorCapabilities
+from laminar_sdk.faults import SimulatedCrash
 
 PROMISED = SinkConnectorCapabilities(exactly_once=True, two_phase_commit=True)
 """What every distributed-commit sink promises of its staged output, whatever it declares."""

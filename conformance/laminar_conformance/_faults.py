@@ -42,14 +42,13 @@ from laminar_sdk import (
     DistributedCommitSink,
     ForwardingSink,
     ProtocolStep,
-    SimulatedCrash,
     SinkConnector,
     SourceBatch,
     SourceCheckpoint,
     SourceConnector,
     WriteResult,
-    injecting_crash_points,
 )
+from laminar_sdk.faults import SimulatedCrash, injecting_crash_points
 
 if TYPE_CHECKING:
     from _typeshed import TraceFunction

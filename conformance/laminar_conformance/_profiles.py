@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from laminar_sdk import ConfigurationError
+from laminar_sdk.faults import CrashPoint
 
 if TYPE_CHECKING:
     from hypothesis import settings
@@ -188,6 +189,4 @@ def crash_schedule(text: str, flag: str) -> str:
             "pip install 'laminar-conformance[spark]'",
             key=flag,
         )
-    from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
-
     return ",".join(map(str, CrashPoint.parse_schedule(text, flag)))

@@ -24,7 +24,8 @@ from laminar_conformance._faults import Fault, InjectedFault, inject
 from laminar_conformance._figures import Figures
 from laminar_conformance._ledger import Attempt, AttemptStatus, Ledger
 from laminar_conformance._suite import Target
-from laminar_sdk import ForwardingSink, SimulatedCrash, SinkConnector, StateStore, WriteResult
+from laminar_sdk import ForwardingSink, SinkConnector, StateStore, WriteResult
+from laminar_sdk.faults import SimulatedCrash
 
 FAULTS = st.sampled_from(
     [Fault.NONE] * 8

@@ -27,7 +27,8 @@ import pyarrow as pa
 from laminar_conformance._delivery import CALL_TIMEOUT_S, answered
 from laminar_conformance._faults import FaultPlan, FaultySource, release_crashed_run
 from laminar_conformance._inside_crashes import CRASHES_PER_RUN
-from laminar_sdk import SimulatedCrash, SourceCheckpoint, SourceConnector
+from laminar_sdk import SourceCheckpoint, SourceConnector
+from laminar_sdk.faults import SimulatedCrash
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,6 @@ from pyspark.sql.types import DoubleType, IntegerType, LongType
 
 from laminar_conformance._spark_pipeline import (
     CONTEXT_IDS,
-    CRASH_AT_FILE_PREFIX,
-    CRASH_AT_VARIABLE,
     RECORD_KEY,
     RELEASE,
     SPARK_CONNECT_VARIABLE,
@@ -37,6 +35,7 @@ from laminar_conformance._spark_pipeline import (
     record_id,
 )
 from laminar_conformance.services import LocalSparkConnect
+from laminar_sdk.faults import CRASH_AT_FILE_PREFIX, CRASH_AT_VARIABLE
 from laminar_sdk.spark import build_session
 
 FAST_START = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -62,12 +62,11 @@ from laminar_conformance._suite import Target
 from laminar_conformance._timeline import Timeline
 from laminar_conformance.contexts import SinkTestContext, SourceTestContext
 from laminar_sdk import PLUGIN_ENTRY_POINT_GROUP, ConnectorRole
+from laminar_sdk.faults import CrashPoint, CrashStep
 from laminar_sdk.reference import MemorySink
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
-
-    from laminar_sdk.spark import CrashPoint
 
 NO_SPARK_REASON = "switched off (--no-spark, or --laminar-no-spark in pytest)"
 PYSPARK_MISSING = "pyspark not installed (pip install laminar-sdk[spark])"
@@ -148,8 +147,6 @@ class SparkLayer:
         differs from seed to seed (and is the same for the same seed).
         """
         from hypothesis import strategies as st  # noqa: PLC0415 - after pytest's rewriting
-
-        from laminar_sdk.spark import CrashPoint, CrashStep  # noqa: PLC0415 - imports pyspark
 
         crashes = self.target.profile.spark_crashes
         turn = self.target.seed or 0
@@ -296,8 +293,6 @@ class SparkLayer:
         its reads from 0 in each run: that run's first read is of the micro-batch after those
         in Spark's offset log when it starts, so its point is known only then.
         """
-        from laminar_sdk.spark import CrashPoint, CrashStep  # noqa: PLC0415 - imports pyspark
-
         if point.step is not CrashStep.SOURCE_READ or case.range_readable:
             return str(point)
 
@@ -807,8 +802,6 @@ def pinned_schedule(config: pytest.Config) -> tuple[CrashPoint, ...] | None:
     pinned = config.getoption(SPARK_CRASHES_OPTION, None)
     if not pinned:
         return None
-    from laminar_sdk.spark import CrashPoint  # noqa: PLC0415 - imports pyspark
-
     return CrashPoint.parse_schedule(pinned, SPARK_CRASHES_FLAG)
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from laminar_conformance.services import die_with_parent
 from laminar_sdk import spark_temporary_files_in
+from laminar_sdk.faults import CRASH_AT_FILE_PREFIX, CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
 
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
@@ -43,9 +44,6 @@ standard input. The child sets the crash point itself, once its warm-up is over.
 RELEASE = "go"
 """The first word of the line that releases a standby child; its crash point may follow."""
 
-CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
-CRASH_AT_FILE_PREFIX = "@"
-CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
 SPARK_PYTHON_VARIABLE = "LAMINAR_SPARK_PYTHON"
 """The Python interpreter the Spark children run with (``--spark-python``), when not this one."""
 SPARK_CONNECT_VARIABLE = "LAMINAR_SPARK_CONNECT"

@@ -100,11 +100,11 @@ from laminar_sdk import (
     RetryPolicy,
     SchemaChangeKind,
     SchemaMismatch,
-    SimulatedCrash,
     SinkConnector,
     SinkConnectorCapabilities,
     stage_task,
 )
+from laminar_sdk.faults import SimulatedCrash
 
 _UNCHECKABLE = {  # capability -> why no check exercises it (the probe's report says so)
     "upsert": (

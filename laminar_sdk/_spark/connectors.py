@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._spark.faults import watched_sink, watched_source
+from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 from laminar_sdk._state import StateStore, connector_space
 
@@ -31,9 +31,8 @@ async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector
     """The source ``options`` name, opened for the block and closed after it.
 
     Its configuration carries its :class:`StateStore` when the options name a laminar
-    checkpoint location. It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names
-    a point inside its reads (:func:`~laminar_sdk._spark.faults.watched_source`); otherwise it
-    is the plugin's own instance.
+    checkpoint location. It is the plugin's own instance, unless a test kit asks for a kill
+    during its reads (:func:`laminar_sdk._spark.fault_seam.opened_source`).
 
     :raises ConfigurationError: for bad configuration.
     :raises PluginError: when the plugin's factory or ``open`` fails, naming it.
@@ -41,7 +40,7 @@ async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector
     opened, _ = await options.registry().open_source(
         options.connector, options.properties, state_store=connector_state_store(options)
     )
-    source = watched_source(opened)
+    source = fault_seam.opened_source(opened)
     try:
         yield source
     finally:
@@ -52,13 +51,13 @@ async def opened_source(options: BridgeOptions) -> AsyncIterator[SourceConnector
 async def opened_sink(options: BridgeOptions) -> AsyncIterator[SinkConnector]:
     """The sink ``options`` name, opened for the block and closed after it (see above).
 
-    It is watched by the crash hook when ``LAMINAR_SPARK_CRASH_AT`` names a point inside its
-    ``pre_commit`` or ``stage`` (:func:`~laminar_sdk._spark.faults.watched_sink`).
+    It is the plugin's own instance, unless a test kit asks for a kill inside its
+    ``pre_commit`` or ``stage`` (:func:`laminar_sdk._spark.fault_seam.opened_sink`).
     """
     opened, _ = await options.registry().open_sink(
         options.connector, options.properties, state_store=connector_state_store(options)
     )
-    sink = watched_sink(opened)
+    sink = fault_seam.opened_sink(opened)
     try:
         yield sink
     finally:

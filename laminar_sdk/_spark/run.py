@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import shutil
 import tempfile
@@ -20,15 +19,9 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._pipeline_file import PipelineFile
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
-from laminar_sdk._spark.faults import (
-    CRASH_AT_VARIABLE,
-    CRASH_RECORD_VARIABLE,
-    crash_point,
-    crash_recorded,
-)
+from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.options import checkpointer_of, parse_options
 from laminar_sdk._spark.session import DRIVER_JAVA_OPTIONS, build_session
 
@@ -189,27 +182,18 @@ def quiet_lost_driver_tracebacks() -> None:
 def driver_lost(error: BaseException) -> str:
     """What to tell the user when a call into Spark raised one of :data:`DRIVER_LOST`.
 
-    When :data:`~laminar_sdk._spark.faults.CRASH_AT_VARIABLE` is set, the kill is most likely
-    the one it asks for, and the message says so — certainly, when the hook's record
-    (:data:`~laminar_sdk._spark.faults.CRASH_RECORD_VARIABLE`) shows it.
+    When :data:`~laminar_sdk.faults.CRASH_AT_VARIABLE` is set, the kill is most likely the one
+    it asks for, and the message says so — certainly, when the hook's record
+    (:data:`~laminar_sdk.faults.CRASH_RECORD_VARIABLE`) shows it.
     """
     cause = f"({type(error).__name__}: {error})"
     resume = "Nothing committed is lost: run the pipeline again and it resumes from its checkpoint"
-    try:
-        point = crash_point()
-    except ConfigurationError:
-        point = None
-    if point is None:
-        return (
-            f"Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline "
-            f"ran {cause}. {resume}"
-        )
-    record = os.environ.get(CRASH_RECORD_VARIABLE)
-    certainty = "" if record and crash_recorded(point, Path(record)) else "most likely "
+    deliberate = fault_seam.deliberate_kill(cause)
+    if deliberate is not None:
+        return f"{deliberate}. {resume}"
     return (
-        f"{CRASH_AT_VARIABLE}={point} is set, so this is {certainty}the deliberate kill it asks "
-        f"for: the crash hook SIGKILLs Spark's driver (its JVM) at crash point "
-        f"{point.step.number} ({point.step.value!r}) of epoch {point.epoch} {cause}. {resume}"
+        f"Spark's driver (its JVM) is gone: it was killed or crashed while the pipeline "
+        f"ran {cause}. {resume}"
     )
 
 

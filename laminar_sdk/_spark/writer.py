@@ -77,14 +77,17 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from laminar_sdk._connector import SinkConnector
 from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._errors import InvalidState, WriteError
+from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink, run
-from laminar_sdk._spark.faults import BATCH_ID_PROPERTY, crash_observer, kill_writer_once
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.ipc import COMPRESSED_IPC_OPTIONS
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
 
 logger = logging.getLogger("laminar_sdk.spark")
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The task-local property in which Spark gives a task its micro-batch's id."""
 
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 """The task-local property holding the streaming query's id (kept in Spark's checkpoint)."""
@@ -276,9 +279,11 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
 
     def _conformed(self, iterator: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         what = f"sink {self._options.connector!r}"
+        after_each_batch = fault_seam.after_each_batch()
         for batch in iterator:
             yield conform(batch, self._schema, what)
-            kill_writer_once()
+            if after_each_batch is not None:
+                after_each_batch()
 
     def _stage(
         self,
@@ -307,7 +312,8 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     async def _stage_task(self, epoch: int, task: str, batches: Iterator[pa.RecordBatch]) -> str:
         async with opened_sink(self._options) as sink:
             name = self._options.connector
-            return await stage_task(name, sink, epoch, task, batches, observer=crash_observer())
+            observer = fault_seam.coordinator_observer()
+            return await stage_task(name, sink, epoch, task, batches, observer=observer)
 
     async def _commit(self, messages: Sequence[BatchesMessage], epoch: int) -> None:
         async with opened_sink(self._options) as sink:
@@ -332,7 +338,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         return EpochCoordinator(
             checkpointer_of(self._options),
             {self._options.connector: sink},
-            observer=crash_observer(),
+            observer=fault_seam.coordinator_observer(),
             query_id=query_id,
         )
 

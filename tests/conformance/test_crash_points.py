@@ -41,7 +41,8 @@ from sink_code import (
     writer,
 )
 
-from laminar_sdk import SimulatedCrash, crash_point, injecting_crash_points
+from laminar_sdk import crash_point
+from laminar_sdk.faults import SimulatedCrash, injecting_crash_points
 
 SINK_CODE = ConnectorCode.files([sink_code.__file__])
 """The "connector": its calls out of Python are the sites."""

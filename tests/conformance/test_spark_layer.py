@@ -33,6 +33,7 @@ from laminar_conformance.spark import SparkSinkSuite, SparkSourceSuite
 
 from laminar_sdk import ConnectorConfig, ConnectorRole
 from laminar_sdk._scaffold import lowest_supported
+from laminar_sdk.faults import CrashPoint, CrashStep
 from laminar_sdk.reference import MemorySource
 
 HERE = Path(__file__).parent
@@ -300,16 +301,8 @@ def test_a_driver_standing_by_sets_its_crash_point_only_once_its_warm_up_is_over
     assert events == expected
 
 
-def test_the_kits_names_for_the_crash_hook_are_the_sdks():
-    spark = pytest.importorskip("laminar_sdk.spark", reason="pyspark not installed")
-    assert _spark_pipeline.CRASH_AT_VARIABLE == spark.CRASH_AT_VARIABLE
-    assert _spark_pipeline.CRASH_AT_FILE_PREFIX == spark.CRASH_AT_FILE_PREFIX
-    assert _spark_pipeline.CRASH_RECORD_VARIABLE == spark.CRASH_RECORD_VARIABLE
-
-
 @pytest.mark.parametrize(("profile", "crashes"), [("quick", 1), ("full", 10)])
 def test_schedules_kill_at_distinct_points_of_increasing_epochs(target, profile, crashes):
-    spark = pytest.importorskip("laminar_sdk.spark", reason="pyspark not installed")
     layer = SparkLayer(target(profile), Figures(), ())
     drawn = []
 
@@ -323,12 +316,12 @@ def test_schedules_kill_at_distinct_points_of_increasing_epochs(target, profile,
         assert epochs == sorted(set(epochs)), "epochs increase, one crash each"
         assert max(epochs) < layer.epochs - 1, "the pipeline runs on after the last crash"
         for point in schedule:
-            assert spark.CrashPoint.parse(str(point)) == point
+            assert CrashPoint.parse(str(point)) == point
             assert point.step.inside_a_call or point.event == 1
 
     draw()
     if profile == "full":
-        assert {point.step for schedule in drawn for point in schedule} == set(spark.CrashStep)
+        assert {point.step for schedule in drawn for point in schedule} == set(CrashStep)
 
 
 def test_a_plugin_module_is_shipped_to_spark_as_an_installed_plugin(target):

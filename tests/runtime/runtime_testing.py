@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from laminar_sdk import ProtocolStep, SimulatedCrash
+from laminar_sdk import ProtocolStep
+from laminar_sdk.faults import SimulatedCrash
 
 
 class CrashAt:

@@ -26,11 +26,11 @@ from laminar_sdk import (
     EpochCoordinator,
     InvalidState,
     ProtocolStep,
-    SimulatedCrash,
     load_connector_registry,
     open_checkpointer,
 )
 from laminar_sdk._coordinator import StepObserver, stage_task
+from laminar_sdk.faults import SimulatedCrash
 from laminar_sdk.reference import MemorySink, ids_batch
 
 # Three micro-batches of two tasks each; every id once.

@@ -22,11 +22,11 @@ from laminar_sdk import (
     CheckpointId,
     EpochCoordinator,
     ProtocolStep,
-    SimulatedCrash,
     load_connector_registry,
     open_checkpointer,
 )
 from laminar_sdk._checkpointing.recovery import mark_committed
+from laminar_sdk.faults import SimulatedCrash
 from laminar_sdk.reference import MemorySink, ids_batch
 
 EPOCHS = [[0, 1, 2], [3, 4], [5, 6, 7], [8], [9, 10]]

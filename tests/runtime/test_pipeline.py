@@ -23,13 +23,13 @@ from laminar_sdk import (
     ProtocolStep,
     RetryPolicy,
     SchemaMismatch,
-    SimulatedCrash,
     SinkConnector,
     Timeout,
     WriteResult,
     load_connector_registry,
     open_checkpointer,
 )
+from laminar_sdk.faults import SimulatedCrash
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 
 ROWS_PER_PARTITION = 250

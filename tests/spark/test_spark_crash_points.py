@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -35,21 +36,24 @@ from laminar_sdk import (
     ConnectorConfig,
     ConnectorRole,
     EpochCoordinator,
-    SimulatedCrash,
+    ProtocolStep,
     SinkConnector,
     SourceConnector,
     crash_point,
+    faults,
     load_connector_registry,
     open_checkpointer,
     spark_temporary_files_in,
 )
-from laminar_sdk._spark import faults
-from laminar_sdk._spark.faults import (
+from laminar_sdk._spark import fault_seam
+from laminar_sdk.faults import (
     CRASH_AT_FILE_PREFIX,
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
+    KILL_WRITER_VARIABLE,
     CrashPoint,
     CrashStep,
+    SimulatedCrash,
     crash_observer,
     watched_sink,
     watched_source,
@@ -140,14 +144,14 @@ def test_a_malformed_crash_point_is_refused_naming_the_variable(value):
 def test_a_crash_point_in_a_file_is_read_each_time_and_none_until_the_file_says_one(tmp_path):
     path = tmp_path / "crash-at"
     environ = {CRASH_AT_VARIABLE: f"{CRASH_AT_FILE_PREFIX}{path}"}
-    assert faults.crash_point(environ) is None, "no file yet: no crash point"
+    assert faults.configured_crash_point(environ) is None, "no file yet: no crash point"
     path.write_text("")
-    assert faults.crash_point(environ) is None, "an empty file: no crash point"
+    assert faults.configured_crash_point(environ) is None, "an empty file: no crash point"
     path.write_text("commit-inside:2:3\n")
-    assert faults.crash_point(environ) == CrashPoint(CrashStep.COMMIT_INSIDE, 2, event=3)
+    assert faults.configured_crash_point(environ) == CrashPoint(CrashStep.COMMIT_INSIDE, 2, event=3)
     path.write_text("commit:x")
     with pytest.raises(ConfigurationError, match=f"the file {path}"):
-        faults.crash_point(environ)
+        faults.configured_crash_point(environ)
 
 
 def test_without_the_variable_nothing_is_wrapped_or_observed(registry):
@@ -158,6 +162,39 @@ def test_without_the_variable_nothing_is_wrapped_or_observed(registry):
     # A point the wrappers do not handle leaves the connectors alone too.
     assert watched_sink(sink, {CRASH_AT_VARIABLE: "commit-inside:1"}) is sink
     assert watched_source(source, {CRASH_AT_VARIABLE: "checkpoint-write:1"}) is source
+
+
+def test_the_bridge_lets_faults_in_only_where_a_variable_asks(registry, monkeypatch):
+    source, sink = registry.create_source("generator"), registry.create_sink("memory")
+    monkeypatch.delenv(CRASH_AT_VARIABLE, raising=False)
+    monkeypatch.delenv(KILL_WRITER_VARIABLE, raising=False)
+    assert fault_seam.opened_source(source) is source
+    assert fault_seam.opened_sink(sink) is sink
+    assert fault_seam.coordinator_observer() is None
+    assert fault_seam.after_each_batch() is None
+    assert fault_seam.deliberate_kill("(gone)") is None
+    monkeypatch.setenv(CRASH_AT_VARIABLE, "pre-commit-inside:1")
+    assert isinstance(fault_seam.opened_sink(sink), faults._WatchedSink)
+    monkeypatch.setenv(CRASH_AT_VARIABLE, "commit:2")
+    assert fault_seam.coordinator_observer() is not None
+    assert "crash point 5 ('commit') of epoch 2 (gone)" in str(fault_seam.deliberate_kill("(gone)"))
+    monkeypatch.setenv(KILL_WRITER_VARIABLE, "/nonexistent/marker")
+    assert fault_seam.after_each_batch() is faults.kill_writer_once
+
+
+def test_only_the_seam_of_the_bridge_imports_the_fault_machinery():
+    bridge = Path(fault_seam.__file__).parent
+    importers = sorted(
+        path.name
+        for path in bridge.glob("*.py")
+        if re.search(r"^\s*from laminar_sdk(\.faults| import faults)\b", path.read_text(), re.M)
+    )
+    assert importers == ["fault_seam.py"]
+
+
+def test_the_crash_steps_between_calls_are_the_coordinators_steps():
+    between = [step.protocol_step for step in CrashStep if not step.inside_a_call]
+    assert between == list(ProtocolStep)
 
 
 @pytest.mark.parametrize(

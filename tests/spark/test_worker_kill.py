@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from spark_pipelines import expected_ids
 
+from laminar_sdk.faults import KILL_WRITER_VARIABLE
 from laminar_sdk.reference import MemorySink
-from laminar_sdk.spark import KILL_WRITER_VARIABLE
 
 ROWS = 60
 

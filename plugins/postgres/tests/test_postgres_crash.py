@@ -28,9 +28,9 @@ from laminar_sdk import (
     LaminarError,
     ProtocolStep,
     RetryPolicy,
-    injecting_crash_points,
     load_connector_registry,
 )
+from laminar_sdk.faults import injecting_crash_points
 from postgres_testing import Database
 
 pytestmark = pytest.mark.slow

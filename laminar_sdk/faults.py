@@ -1,16 +1,27 @@
-"""Test hooks that kill a Spark pipeline at a chosen crash point, and one that kills a writer.
+"""Fault injection for test kits: crashes in process, and pipelines killed at crash points.
 
-Set :data:`CRASH_AT_VARIABLE` to ``STEP:EPOCH`` — or ``STEP:EPOCH:WHEN`` for the steps that
-kill *during* a call — in the environment of the process that starts the Spark session: Spark's
-driver JVM and its Python workers inherit it. (``@FILE`` instead reads the point from ``FILE``
-whenever a connector is opened or committed: a driver can then start, and even run other
-queries, before its crash point is chosen.) When the pipeline reaches the point, the Python
-worker that reached it SIGKILLs the driver JVM (found among its ancestors), then itself: the
-whole pipeline stops as after ``kill -9``, with no rollback, close or Spark commit log entry
-(the other Python workers exit when their connection to the JVM breaks). Restarting the query
-from the same checkpoint location must then deliver every record exactly once (at least once
-with at-least-once delivery). Linux only (the JVM is found through ``/proc``), and ``local``
-masters only (on a cluster, the JVM above a task's worker is an executor's).
+Nothing here runs in production: the runtime reaches this module through one seam, which
+returns at once unless a fault is configured. Test kits (the conformance kit, the SDK's own
+tests, a plugin's crash tests) use it in two ways.
+
+**In process.** :class:`SimulatedCrash` is the stand-in for ``kill -9`` inside a process: the
+epoch coordinator lets it through without rolling back or closing anything. A kit raises it
+from a coordinator :data:`~laminar_sdk.StepObserver`, or from an injector it installs with
+:func:`injecting_crash_points`, which is called at each :func:`laminar_sdk.crash_point` a
+connector marks.
+
+**Killing a Spark pipeline.** Set :data:`CRASH_AT_VARIABLE` to ``STEP:EPOCH`` — or
+``STEP:EPOCH:WHEN`` for the steps that kill *during* a call — in the environment of the process
+that starts the Spark session: Spark's driver JVM and its Python workers inherit it. (``@FILE``
+instead reads the point from ``FILE`` whenever a connector is opened or committed: a driver can
+then start, and even run other queries, before its crash point is chosen.) When the pipeline
+reaches the point, the Python worker that reached it SIGKILLs the driver JVM (found among its
+ancestors), then itself: the whole pipeline stops as after ``kill -9``, with no rollback, close
+or Spark commit log entry (the other Python workers exit when their connection to the JVM
+breaks). Restarting the query from the same checkpoint location must then deliver every record
+exactly once (at least once with at-least-once delivery). Linux only (the JVM is found through
+``/proc``), and ``local`` masters only (on a cluster, the JVM above a task's worker is an
+executor's).
 
 The crash points (the table in docs/epoch-protocol.md), by ``STEP`` (``EPOCH`` is Spark's batch id):
 
@@ -106,8 +117,13 @@ import pyarrow as pa
 from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._config import ConnectorConfig
 from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._coordinator import ProtocolStep, StepObserver
-from laminar_sdk._crash_points import install_crash_point_injector
+from laminar_sdk._coordinator import ProtocolStep, SimulatedCrash, StepObserver
+from laminar_sdk._crash_points import (
+    CrashPointInjector,
+    crash_point,
+    injecting_crash_points,
+    install_crash_point_injector,
+)
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._forwarding import ForwardingSink
 from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
@@ -141,8 +157,25 @@ KILL_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_WRITER"
 its own Python worker in the middle of its write (a crashed executor worker, which Spark must
 retry without the epoch committing anything twice)."""
 
-BATCH_ID_PROPERTY = "streaming.sql.batchId"
-"""The task-local property in which Spark gives a task its micro-batch's id."""
+__all__ = [
+    "CRASH_AT_FILE_PREFIX",
+    "CRASH_AT_VARIABLE",
+    "CRASH_RECORD_VARIABLE",
+    "KILL_WRITER_VARIABLE",
+    "CrashPoint",
+    "CrashPointInjector",
+    "CrashStep",
+    "SimulatedCrash",
+    "configured_crash_point",
+    "crash_observer",
+    "crash_point",
+    "crash_recorded",
+    "injecting_crash_points",
+    "kill_pipeline",
+    "kill_writer_once",
+    "watched_sink",
+    "watched_source",
+]
 
 T = TypeVar("T")
 
@@ -151,16 +184,20 @@ Kill = Callable[[], NoReturn]
 
 
 class CrashStep(enum.Enum):
-    """The ten crash points, in their order, by the names the hook accepts."""
+    """The ten crash points, in their order, by the names the hook accepts.
 
-    WRITE = "write"
-    PRE_COMMIT = "pre-commit"
+    The points between two calls are the coordinator's :class:`~laminar_sdk.ProtocolStep`
+    values; the four others fall inside a call.
+    """
+
+    WRITE = ProtocolStep.WRITE.value
+    PRE_COMMIT = ProtocolStep.PRE_COMMIT.value
     PRE_COMMIT_INSIDE = "pre-commit-inside"
-    MANIFEST = "manifest"
-    COMMIT = "commit"
+    MANIFEST = ProtocolStep.MANIFEST.value
+    COMMIT = ProtocolStep.COMMIT.value
     COMMIT_INSIDE = "commit-inside"
-    COMMITTED_MANIFEST = "committed-manifest"
-    DONE = "done"
+    COMMITTED_MANIFEST = ProtocolStep.COMMITTED_MANIFEST.value
+    DONE = ProtocolStep.DONE.value
     SOURCE_READ = "source-read"
     CHECKPOINT_WRITE = "checkpoint-write"
 
@@ -263,7 +300,7 @@ class CrashPoint:
         return tuple(cls.parse(point.strip(), given_as) for point in text.split(","))
 
 
-def crash_point(environ: Mapping[str, str] | None = None) -> CrashPoint | None:
+def configured_crash_point(environ: Mapping[str, str] | None = None) -> CrashPoint | None:
     """The crash point :data:`CRASH_AT_VARIABLE` names, or ``None`` when it is not set.
 
     :raises ConfigurationError: when the variable (or the file it names) is malformed.
@@ -513,39 +550,41 @@ def crash_recorded(point: CrashPoint, record: Path) -> bool:
 
 
 def crash_observer(
-    environ: Mapping[str, str] | None = None, *, kill: Kill = kill_pipeline
+    environ: Mapping[str, str] | None = None, *, kill: Kill | None = None
 ) -> StepObserver | None:
     """The coordinator observer :data:`CRASH_AT_VARIABLE` asks for, or ``None``.
 
     ``None`` also when the point is reached in a connector call the bridge wraps instead
     (``pre-commit-inside``, ``source-read``).
 
-    :param kill: what ends the pipeline (a test of the hook passes a stand-in).
+    :param kill: what ends the pipeline (default :func:`kill_pipeline`; a test of the hook
+        passes a stand-in).
     :raises ConfigurationError: when the variable is malformed.
     """
-    point = crash_point(environ)
+    point = configured_crash_point(environ)
     if point is None:
         return None
+    ends: Kill = kill or kill_pipeline
     step = point.step.protocol_step
     if step is not None:
 
         def observe(reached: ProtocolStep, epoch: int) -> None:
             if reached is step and epoch == point.epoch:
                 _record(point, f"step {reached.value}", None)
-                kill()
+                ends()
 
         return observe
     if point.step is CrashStep.COMMIT_INSIDE:
         return _BracketObserver(
             point,
-            _Window(point, kill, reads=False, tear=False),
+            _Window(point, ends, reads=False, tear=False),
             opens={ProtocolStep.COMMIT},
             closes={ProtocolStep.COMMITTED_MANIFEST: "commit_epoch returned"},
         )
     if point.step is CrashStep.CHECKPOINT_WRITE:
         return _BracketObserver(
             point,
-            _Window(point, kill, reads=False, tear=True),
+            _Window(point, ends, reads=False, tear=True),
             opens={ProtocolStep.MANIFEST, ProtocolStep.COMMITTED_MANIFEST},
             closes={
                 ProtocolStep.COMMIT: "the pending manifest and latest pointer were saved",
@@ -602,7 +641,7 @@ def watched_source(
     source: SourceConnector,
     environ: Mapping[str, str] | None = None,
     *,
-    kill: Kill = kill_pipeline,
+    kill: Kill | None = None,
 ) -> SourceConnector:
     """``source``, or a wrapper of it that kills the pipeline during a read.
 
@@ -610,20 +649,21 @@ def watched_source(
     during the source's reads of that micro-batch. The bridge passes every source it opens
     through this function.
 
-    :param kill: what ends the pipeline (a test of the hook passes a stand-in).
+    :param kill: what ends the pipeline (default :func:`kill_pipeline`; a test of the hook
+        passes a stand-in).
     :raises ConfigurationError: when the variable is malformed.
     """
-    point = crash_point(environ)
+    point = configured_crash_point(environ)
     if point is None or point.step is not CrashStep.SOURCE_READ:
         return source
-    return _WatchedSource(source, point, kill)
+    return _WatchedSource(source, point, kill or kill_pipeline)
 
 
 def watched_sink(
     sink: SinkConnector,
     environ: Mapping[str, str] | None = None,
     *,
-    kill: Kill = kill_pipeline,
+    kill: Kill | None = None,
 ) -> SinkConnector:
     """``sink``, or a wrapper of it that kills the pipeline during a ``pre_commit``.
 
@@ -632,18 +672,21 @@ def watched_sink(
     task's ``stage`` makes its staging durable). The bridge passes every sink it opens
     through this function.
 
-    :param kill: what ends the pipeline (a test of the hook passes a stand-in).
+    :param kill: what ends the pipeline (default :func:`kill_pipeline`; a test of the hook
+        passes a stand-in).
     :raises ConfigurationError: when the variable is malformed.
     """
-    point = crash_point(environ)
+    point = configured_crash_point(environ)
     if point is None or point.step is not CrashStep.PRE_COMMIT_INSIDE:
         return sink
-    return _WatchedSink(sink, point, kill)
+    return _WatchedSink(sink, point, kill or kill_pipeline)
 
 
 def _spark_task() -> tuple[bool, int | None]:
     """Whether this runs in a Spark task, and the task's micro-batch id if it has one."""
     from pyspark import TaskContext  # noqa: PLC0415 - only where a crash point is set
+
+    from laminar_sdk._spark.writer import BATCH_ID_PROPERTY  # noqa: PLC0415 - imports pyspark
 
     context = TaskContext.get()
     if context is None:
