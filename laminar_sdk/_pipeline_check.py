@@ -22,7 +22,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._checkpointing.registry import store_for_location
 from laminar_sdk._config import PathKind
 from laminar_sdk._coordinator import destination_ahead
 from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
@@ -31,24 +30,18 @@ from laminar_sdk._pipeline_file import PipelineFile, local_path
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
 from laminar_sdk._schema import sink_described
 from laminar_sdk._spark.options import (
-    CHECKPOINT_LOCATION,
-    CHECKPOINT_STORE,
     CONNECTOR_OPTION,
-    DELIVERY,
-    MAX_RECORDS_PER_BATCH,
+    SDK_OPTIONS,
     BridgeOptions,
     checkpointer_of,
     parse_options,
 )
 from laminar_sdk._types import DeliveryGuarantee
 
-# Where the SDK options the bridge checks come from in a pipeline file.
+# Where the options the bridge checks come from in a pipeline file.
 _PIPELINE_KEYS = {
     CONNECTOR_OPTION: "connector",
-    DELIVERY: "pipeline.delivery",
-    MAX_RECORDS_PER_BATCH: "pipeline.max_records_per_batch",
-    CHECKPOINT_LOCATION: "pipeline.checkpoint_location",
-    CHECKPOINT_STORE: "pipeline.checkpoint_store",
+    **{option.name: f"pipeline.{option.pipeline_key}" for option in SDK_OPTIONS},
 }
 
 
@@ -250,13 +243,13 @@ def _unwritable(pipeline: PipelineFile, key: str, path: Path, problem: str) -> C
 def _checkpoints(pipeline: PipelineFile, options: BridgeOptions) -> str:
     location = options.checkpoint_location
     assert location is not None, "parse_options gives a sink one, or refuses"
-    store = options.checkpoint_store or store_for_location(location)
+    store = options.checkpoint_store
     try:
         checkpointer_of(options)  # builds the store's client: nothing is read or written yet
     except (CheckpointError, PluginError) as error:
         key = (
             "pipeline.checkpoint_store"
-            if options.checkpoint_store
+            if pipeline.checkpoint_store is not None
             else "pipeline.checkpoint_location"
         )
         raise ConfigurationError(f"{pipeline.path}: {key}: {error}", key=key) from error

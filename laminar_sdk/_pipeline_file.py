@@ -43,14 +43,13 @@ and the connectors can keep the delivery guarantee. `laminar run` makes the same
 
 from __future__ import annotations
 
-import contextlib
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from laminar_sdk._config import PathKind, parse_byte_size
+from laminar_sdk._config import PathKind
 from laminar_sdk._errors import ConfigurationError
 from laminar_sdk._plugins import load_connector_registry
 from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
@@ -60,7 +59,11 @@ from laminar_sdk._spark.options import (
     DELIVERY,
     MAX_BYTES_PER_BATCH,
     MAX_RECORDS_PER_BATCH,
+    SDK_OPTIONS,
     SPARK_CHECKPOINT_LOCATION,
+    decode_byte_size,
+    decode_delivery,
+    decode_record_cap,
 )
 from laminar_sdk._types import DeliveryGuarantee
 
@@ -118,6 +121,9 @@ class PipelineFile:
         if self.checkpoint_store is not None:
             options[CHECKPOINT_STORE] = self.checkpoint_store
         return options
+
+
+T = TypeVar("T")
 
 
 def _fail(path: Path, key: str, message: str) -> ConfigurationError:
@@ -259,16 +265,14 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
     if trigger not in TRIGGERS:
         raise _fail(path, "pipeline.trigger", f"{trigger!r}; use one of {', '.join(TRIGGERS)}")
     interval = settings.get("interval_s", 1.0)
-    max_records = settings.get("max_records_per_batch")
     if not isinstance(interval, int | float) or interval <= 0:
         raise _fail(path, "pipeline.interval_s", "must be a positive number of seconds")
-    if max_records is not None and (not isinstance(max_records, int) or max_records < 1):
-        raise _fail(path, "pipeline.max_records_per_batch", "must be a positive integer")
-    max_bytes = _byte_size(path, settings.get("max_bytes_per_batch"))
-    try:
-        delivery = DeliveryGuarantee.parse(_text(settings.get("delivery", "at-least-once")))
-    except ConfigurationError as error:
-        raise _fail(path, "pipeline.delivery", str(error)) from None
+    # The SDK's options, decoded as the Spark bridge decodes them.
+    max_records = _sdk_setting(path, settings, MAX_RECORDS_PER_BATCH, decode_record_cap, None)
+    max_bytes = _sdk_setting(path, settings, MAX_BYTES_PER_BATCH, decode_byte_size, None)
+    delivery = _sdk_setting(
+        path, settings, DELIVERY, decode_delivery, DeliveryGuarantee.AT_LEAST_ONCE
+    )
     store = settings.get("checkpoint_store")
     return PipelineFile(
         path=path,
@@ -290,22 +294,25 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
     )
 
 
-def _byte_size(path: Path, value: object) -> int | None:
-    size = 0
+def _sdk_setting(
+    path: Path,
+    settings: Mapping[str, object],
+    option_name: str,
+    decode: Callable[[str], T],
+    default: T,
+) -> T:
+    """The ``[pipeline]`` key that sets SDK option ``option_name``, decoded as the bridge does.
+
+    :raises ConfigurationError: naming the file, the key, what it must be and what was given.
+    """
+    option = next(option for option in SDK_OPTIONS if option.name == option_name)
+    value = settings.get(option.pipeline_key)
     if value is None:
-        return None
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            size = parse_byte_size(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    if size < 1:
-        raise _fail(
-            path,
-            "pipeline.max_bytes_per_batch",
-            f'must be a positive number of bytes, or a size like "64m" or "1g"; got {value!r}',
-        )
-    return size
+        return default
+    try:
+        return decode(_text(value))
+    except ValueError as error:
+        raise _fail(path, f"pipeline.{option.pipeline_key}", f"{error}; got {value!r}") from None
 
 
 def pipeline_file_help() -> str:

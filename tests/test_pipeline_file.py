@@ -10,11 +10,18 @@ from laminar_sdk import (
     ConfigKeySpec,
     ConfigurationError,
     ConnectorRegistry,
+    ConnectorRole,
     DeliveryGuarantee,
     PathKind,
 )
 from laminar_sdk._pipeline_check import check_pipeline
 from laminar_sdk._pipeline_file import load_pipeline_file
+from laminar_sdk._spark.options import (
+    DELIVERY,
+    MAX_BYTES_PER_BATCH,
+    MAX_RECORDS_PER_BATCH,
+    parse_options,
+)
 from laminar_sdk.reference import GeneratorSource, NullSink
 
 GOOD = """
@@ -109,6 +116,28 @@ def test_errors_name_the_file_and_key(tmp_path, edit, key, message):
         load_pipeline_file(path)
     assert info.value.key == key
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("setting", "option", "bad"),
+    [
+        ('max_bytes_per_batch = "64m"', MAX_BYTES_PER_BATCH, "3 parsecs"),
+        ("max_records_per_batch = 30", MAX_RECORDS_PER_BATCH, "0"),
+        ('delivery = "exactly-once"', DELIVERY, "at-most-once"),
+    ],
+)
+def test_a_pipeline_setting_is_decoded_by_the_code_that_decodes_its_spark_option(
+    tmp_path, setting, option, bad
+):
+    key = setting.split(" = ")[0]
+    path = write(tmp_path, GOOD.replace(setting, f'{key} = "{bad}"'))
+    with pytest.raises(ConfigurationError) as in_file:
+        load_pipeline_file(path)
+    with pytest.raises(ConfigurationError) as as_option:
+        parse_options({"connector": "generator", option: bad}, ConnectorRole.SOURCE)
+    assert in_file.value.key == f"pipeline.{key}"
+    said_in_file = str(in_file.value).removeprefix(f"{path}: pipeline.{key}: ")
+    assert said_in_file == str(as_option.value).removeprefix(f"option {option!r}: ")
 
 
 def test_not_toml_and_missing_file(tmp_path):

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.registry import open_checkpointer, store_for_location
@@ -60,12 +61,48 @@ Memory does not depend on it: every stage streams (see ``BridgeOptions``)."""
 
 @dataclass(frozen=True, slots=True)
 class SdkOption:
-    """One ``laminar.*`` option: its name, the roles it applies to, its default and meaning."""
+    """One ``laminar.*`` option: its name, the roles it applies to, its default and meaning.
+
+    ``pipeline_key`` is the key of a pipeline file's ``[pipeline]`` table that sets it.
+    """
 
     name: str
     roles: frozenset[ConnectorRole]
     default: str
     description: str
+    pipeline_key: str
+
+
+def decode_delivery(text: str) -> DeliveryGuarantee:
+    """``laminar.delivery``'s value. :raises ValueError: saying what it must be."""
+    try:
+        return DeliveryGuarantee.parse(text)
+    except ConfigurationError as error:
+        raise ValueError(str(error)) from None
+
+
+def decode_record_cap(text: str) -> int | None:
+    """``laminar.max.records.per.batch``'s value. :raises ValueError: saying what it must be."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError("must be a positive integer, or none (no cap)")
+    return value
+
+
+def decode_byte_size(text: str) -> int:
+    """``laminar.max.bytes.per.batch``'s value. :raises ValueError: saying what it must be."""
+    try:
+        value = parse_byte_size(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError('must be a positive number of bytes, or a size like "64m" or "1g"')
+    return value
 
 
 _BOTH = frozenset(ConnectorRole)
@@ -77,6 +114,7 @@ SDK_OPTIONS: tuple[SdkOption, ...] = (
         str(DeliveryGuarantee.default()),
         "at-least-once or exactly-once; exactly-once needs a replayable source and a sink "
         "declaring exactly_once",
+        "delivery",
     ),
     SdkOption(
         MAX_BYTES_PER_BATCH,
@@ -87,12 +125,14 @@ SDK_OPTIONS: tuple[SdkOption, ...] = (
         "it. A polled source stops being polled there (the last batch may cross it); a "
         "range-readable one is asked for the records that fit, estimated from its schema, or "
         "for variable-width columns from a sample of its records",
+        "max_bytes_per_batch",
     ),
     SdkOption(
         MAX_RECORDS_PER_BATCH,
         frozenset({ConnectorRole.SOURCE}),
         "none",
         "most records one micro-batch reads from the source, besides the byte budget; none: no cap",
+        "max_records_per_batch",
     ),
     SdkOption(
         CHECKPOINT_LOCATION,
@@ -102,18 +142,22 @@ SDK_OPTIONS: tuple[SdkOption, ...] = (
         f"source's read log (under {READ_LOG_DIRECTORY}/); required for a sink, and for a source "
         "that is not range-readable, when Spark's checkpointLocation is not given as an option "
         "on that side",
+        "checkpoint_location",
     ),
     SdkOption(
         CHECKPOINT_STORE,
         _BOTH,
         "<chosen by the location's scheme>",
         "the checkpoint store (file, object, or one installed by a plugin)",
+        "checkpoint_store",
     ),
 )
 """Every ``laminar.*`` option, with its documented default. Besides these, keys starting with
 ``laminar.checkpoint.option.`` are passed (without the prefix) to the checkpoint store."""
 
 _SDK_OPTION_NAMES = {option.name: option for option in SDK_OPTIONS}
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +175,8 @@ class BridgeOptions:
     :param max_bytes_per_batch: most bytes of Arrow data read per micro-batch (sources).
     :param checkpoint_location: the laminar checkpoint location: where a sink's epoch manifests
         and a source's read log are kept; ``None`` for a source given none.
-    :param checkpoint_store: the checkpoint store name, or ``None`` to infer it.
+    :param checkpoint_store: the checkpoint store's name: the one given, else the one the
+        location's scheme chooses; ``None`` with no location, or to infer it from the location.
     :param checkpoint_options: settings passed to the checkpoint store.
     :param plugin: the entry-point name of the plugin providing the connector, found when the
         options were parsed: the processes the options are shipped to import that plugin
@@ -239,15 +284,18 @@ def parse_options(
     sdk = _sdk_options(lowered, role)
     properties = _connector_properties(lowered, spec)
     spec.configure(properties)
+    location, store = _checkpoint_place(sdk, lowered, role)
     return BridgeOptions(
         connector=name,
         role=role,
         properties=properties,
-        delivery=_delivery(sdk),
-        max_records_per_batch=_record_cap(sdk),
-        max_bytes_per_batch=_byte_size(sdk, MAX_BYTES_PER_BATCH, DEFAULT_MAX_BYTES_PER_BATCH),
-        checkpoint_location=_checkpoint_location(sdk, lowered, role),
-        checkpoint_store=sdk.get(CHECKPOINT_STORE),
+        delivery=_decoded(sdk, DELIVERY, decode_delivery, DeliveryGuarantee.default()),
+        max_records_per_batch=_decoded(sdk, MAX_RECORDS_PER_BATCH, decode_record_cap, None),
+        max_bytes_per_batch=_decoded(
+            sdk, MAX_BYTES_PER_BATCH, decode_byte_size, DEFAULT_MAX_BYTES_PER_BATCH
+        ),
+        checkpoint_location=location,
+        checkpoint_store=store,
         checkpoint_options={
             key.removeprefix(CHECKPOINT_STORE_OPTION_PREFIX): value
             for key, value in sdk.items()
@@ -296,60 +344,31 @@ def _connector_properties(lowered: Mapping[str, str], spec: ConnectorSpec) -> di
     return properties
 
 
-def _delivery(sdk: Mapping[str, str]) -> DeliveryGuarantee:
-    text = sdk.get(DELIVERY)
-    if text is None:
-        return DeliveryGuarantee.default()
-    try:
-        return DeliveryGuarantee.parse(text)
-    except ConfigurationError as error:
-        raise ConfigurationError(f"option {DELIVERY!r}: {error}", key=DELIVERY) from error
+def _decoded(sdk: Mapping[str, str], key: str, decode: Callable[[str], T], default: T) -> T:
+    """Option ``key``'s value, decoded; ``default`` when it is not given.
 
-
-def _record_cap(sdk: Mapping[str, str]) -> int | None:
-    text = sdk.get(MAX_RECORDS_PER_BATCH)
-    if text is None or text.strip().lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigurationError(
-            f"option {MAX_RECORDS_PER_BATCH!r} must be an integer >= 1, or none (no cap), "
-            f"got {text!r}",
-            key=MAX_RECORDS_PER_BATCH,
-        )
-    return value
-
-
-def _byte_size(sdk: Mapping[str, str], key: str, default: int) -> int:
+    :raises ConfigurationError: naming the option, what it must be and what was given.
+    """
     text = sdk.get(key)
     if text is None:
         return default
     try:
-        value = parse_byte_size(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ConfigurationError(
-            f"option {key!r} must be a size in bytes >= 1, as a number or with a binary unit "
-            f"(64m, 1g), got {text!r}",
-            key=key,
-        )
-    return value
+        return decode(text)
+    except ValueError as error:
+        raise ConfigurationError(f"option {key!r}: {error}; got {text!r}", key=key) from None
 
 
-def _checkpoint_location(
+def _checkpoint_place(
     sdk: Mapping[str, str], lowered: Mapping[str, str], role: ConnectorRole
-) -> str | None:
+) -> tuple[str | None, str | None]:
+    """The laminar checkpoint location and the store that keeps it (``None``, ``None``: none)."""
     location = sdk.get(CHECKPOINT_LOCATION)
     if location is None:
         spark_location = lowered.get(SPARK_CHECKPOINT_LOCATION)
         if spark_location:
             location = _child_location(spark_location, LAMINAR_CHECKPOINT_DIRECTORY)
         elif role is ConnectorRole.SOURCE:
-            return None  # needed by polled sources only: the data source checks (read_log_needed)
+            return None, None  # for polled sources only: the data source checks (read_log_needed)
         else:
             raise ConfigurationError(
                 f"a laminar sink keeps its epoch manifests in {CHECKPOINT_LOCATION!r}, which "
@@ -372,7 +391,7 @@ def _checkpoint_location(
             "object-store URL",
             key=CHECKPOINT_STORE if store else CHECKPOINT_LOCATION,
         )
-    return location
+    return location, chosen
 
 
 def _child_location(location: str, child: str) -> str:

@@ -103,14 +103,14 @@ def test_the_source_side_takes_the_same_checkpoint_location_or_none() -> None:
             SOURCE,
             {"connector": "generator", "laminar.max.records.per.batch": "0"},
             "laminar.max.records.per.batch",
-            "integer >= 1, or none",
+            "must be a positive integer, or none",
         ),
         *(
             (
                 SOURCE,
                 {"connector": "generator", "laminar.max.bytes.per.batch": size},
                 "laminar.max.bytes.per.batch",
-                "size in bytes >= 1, as a number or with a binary unit",
+                "must be a positive number of bytes, or a size like",
             )
             for size in ("0", "lots", "-5", "1.5g", "3 parsecs")
         ),
