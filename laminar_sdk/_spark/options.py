@@ -85,23 +85,22 @@ def decode_record_cap(text: str) -> int | None:
     """``laminar.max.records.per.batch``'s value. :raises ValueError: saying what it must be."""
     if text.strip().lower() == "none":
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError("must be a positive integer, or none (no cap)")
-    return value
+    return _positive(text, int, "must be a positive integer, or none (no cap)")
 
 
 def decode_byte_size(text: str) -> int:
     """``laminar.max.bytes.per.batch``'s value. :raises ValueError: saying what it must be."""
+    requirement = 'must be a positive number of bytes, or a size like "64m" or "1g"'
+    return _positive(text, parse_byte_size, requirement)
+
+
+def _positive(text: str, parse: Callable[[str], int], requirement: str) -> int:
     try:
-        value = parse_byte_size(text)
+        value = parse(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError('must be a positive number of bytes, or a size like "64m" or "1g"')
+        raise ValueError(requirement)
     return value
 
 
