@@ -94,7 +94,9 @@ def _defining_modules(module: ModuleType) -> list[str]:
             names.add(origin)
     package = module.__name__.split(".")[0]
     names |= {
-        m for m in sys.modules if m.startswith(package + ".") and m.split(".")[-1].startswith("_")
+        m
+        for m in sys.modules
+        if m.startswith(package + ".") and any(p.startswith("_") for p in m.split(".")[1:])
     }
     return sorted(names)
 

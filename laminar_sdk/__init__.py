@@ -5,7 +5,6 @@ The public API is what this module exports; everything in ``_``-prefixed modules
 
 from __future__ import annotations
 
-from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import (
     CheckpointConflict,
@@ -37,7 +36,8 @@ from laminar_sdk._checkpointing.registry import (
     store_for_location,
 )
 from laminar_sdk._checkpointing.retention import PruneResult, prune_checkpoints
-from laminar_sdk._config import (
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.config import (
     REDACTED,
     ConfigKeySpec,
     ConnectorConfig,
@@ -45,25 +45,16 @@ from laminar_sdk._config import (
     parse_bool,
     redact_secrets,
 )
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._coordinator import (
-    EpochCoordinator,
-    EpochResult,
-    ProtocolStep,
-    RetryPolicy,
-    StepObserver,
-    stage_task,
-)
-from laminar_sdk._crash_points import crash_point
-from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
-from laminar_sdk._durable import (
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.crash_points import crash_point
+from laminar_sdk._contract.durable import (
     create_file_atomically,
     fsync_path,
     make_dirs,
     write_file_atomically,
 )
-from laminar_sdk._epochs import EpochPhase, EpochTracker, OpenEpoch
-from laminar_sdk._errors import (
+from laminar_sdk._contract.epochs import EpochPhase, EpochTracker, OpenEpoch
+from laminar_sdk._contract.errors import (
     CheckpointError,
     Closed,
     ConfigurationError,
@@ -81,24 +72,14 @@ from laminar_sdk._errors import (
     TransactionError,
     WriteError,
 )
-from laminar_sdk._forwarding import ForwardingSink
-from laminar_sdk._hookspecs import hookimpl, hookspec
-from laminar_sdk._parallel import (
+from laminar_sdk._contract.forwarding import ForwardingSink
+from laminar_sdk._contract.parallel import (
     DistributedCommitSink,
     PartitionRange,
     RangeReadableSource,
     share_records,
 )
-from laminar_sdk._pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
-from laminar_sdk._plugins import (
-    ALLOWLIST_VARIABLE,
-    DENYLIST_VARIABLE,
-    PLUGIN_ENTRY_POINT_GROUP,
-    load_connector_registry,
-    load_plugins,
-)
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
-from laminar_sdk._schema import (
+from laminar_sdk._contract.schema import (
     EvolutionVerdict,
     InferenceConfig,
     InferredSchema,
@@ -111,9 +92,8 @@ from laminar_sdk._schema import (
     SchemaRegistryAware,
     with_destination,
 )
-from laminar_sdk._spark.temporary_files import spark_temporary_files_in
-from laminar_sdk._state import StateStore
-from laminar_sdk._types import (
+from laminar_sdk._contract.state import StateStore
+from laminar_sdk._contract.types import (
     ConnectorMetrics,
     DeliveryGuarantee,
     HealthState,
@@ -123,6 +103,26 @@ from laminar_sdk._types import (
     SourceBatch,
     WriteResult,
 )
+from laminar_sdk._plugins.hookspecs import hookimpl, hookspec
+from laminar_sdk._plugins.loading import (
+    ALLOWLIST_VARIABLE,
+    DENYLIST_VARIABLE,
+    PLUGIN_ENTRY_POINT_GROUP,
+    load_connector_registry,
+    load_plugins,
+)
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._runtime.coordinator import (
+    EpochCoordinator,
+    EpochResult,
+    ProtocolStep,
+    RetryPolicy,
+    StepObserver,
+    stage_task,
+)
+from laminar_sdk._runtime.delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
+from laminar_sdk._runtime.pipeline import ConnectorRef, Pipeline, PipelineReport, PipelineSpec
+from laminar_sdk._spark.temporary_files import spark_temporary_files_in
 
 __all__ = [
     "ALLOWLIST_VARIABLE",

@@ -114,30 +114,34 @@ from typing import Any, NoReturn, TypeVar
 
 import pyarrow as pa
 
-from laminar_sdk._checkpoint import SourceCheckpoint
-from laminar_sdk._config import ConnectorConfig
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._coordinator import ProtocolStep, SimulatedCrash, StepObserver
-from laminar_sdk._crash_points import (
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.config import ConnectorConfig
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.crash_points import (
     CrashPointInjector,
     crash_point,
     injecting_crash_points,
     install_crash_point_injector,
 )
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._forwarding import ForwardingSink
-from laminar_sdk._parallel import DistributedCommitSink, PartitionRange, RangeReadableSource
-from laminar_sdk._schema import (
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._contract.forwarding import ForwardingSink
+from laminar_sdk._contract.parallel import (
+    DistributedCommitSink,
+    PartitionRange,
+    RangeReadableSource,
+)
+from laminar_sdk._contract.schema import (
     SchemaEvolvable,
     SchemaInferable,
     SchemaProvider,
     SchemaRegistryAware,
 )
-from laminar_sdk._types import (
+from laminar_sdk._contract.types import (
     ConnectorMetrics,
     HealthStatus,
     SourceBatch,
 )
+from laminar_sdk._runtime.coordinator import ProtocolStep, SimulatedCrash, StepObserver
 
 CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
 """``STEP:EPOCH[:WHEN]``: kill the pipeline at crash point ``STEP`` of micro-batch ``EPOCH``.

@@ -20,7 +20,7 @@ pipeline's report says in one line, :func:`failure_line`.
 
 from __future__ import annotations
 
-from laminar_sdk._errors import failure_line
+from laminar_sdk._contract.errors import failure_line
 from laminar_sdk._spark.arrow import (
     conform_source_batch,
     schema_differences,

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from laminar_sdk import ConnectorConfig
-from laminar_sdk._cli import COMMAND_ENTRY_POINT_GROUP, main
+from laminar_sdk._cli.main import COMMAND_ENTRY_POINT_GROUP, main
 from laminar_sdk.reference import IDS_SCHEMA, MemorySink
 
 PLUGIN = """
@@ -377,7 +377,7 @@ def test_run_connect_goes_with_check(tmp_path, capsys):
 def test_run_check_never_imports_pyspark(tmp_path):
     program = (
         "import sys\n"
-        "from laminar_sdk._cli import main\n"
+        "from laminar_sdk._cli.main import main\n"
         f"status = main(['run', '--check', {str(checked_pipeline(tmp_path))!r}])\n"
         "print(status, sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n"
     )

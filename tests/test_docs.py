@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import laminar_sdk
-from laminar_sdk import _hookspecs
+from laminar_sdk._plugins import hookspecs as _hookspecs
 from laminar_sdk.faults import CrashStep
 
 ROOT = Path(__file__).resolve().parent.parent

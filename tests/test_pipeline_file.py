@@ -14,8 +14,8 @@ from laminar_sdk import (
     DeliveryGuarantee,
     PathKind,
 )
-from laminar_sdk._pipeline_check import check_pipeline
-from laminar_sdk._pipeline_file import load_pipeline_file
+from laminar_sdk._pipeline_files.check import check_pipeline
+from laminar_sdk._pipeline_files.file import load_pipeline_file
 from laminar_sdk._spark.options import (
     DELIVERY,
     MAX_BYTES_PER_BATCH,

@@ -16,7 +16,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 from laminar_sdk._scaffold import PluginNames
 from laminar_sdk._spark.class_archive import ARCHIVE_VARIABLE
 

@@ -27,8 +27,8 @@ from laminar_sdk._checkpointing.ids import (
     validate_stored_path,
 )
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, sha256_hex
-from laminar_sdk._errors import CheckpointError
-from laminar_sdk._state import STATE_DIRECTORY, StateStore, validate_state_name
+from laminar_sdk._contract.errors import CheckpointError
+from laminar_sdk._contract.state import STATE_DIRECTORY, StateStore, validate_state_name
 
 logger = logging.getLogger("laminar_sdk.checkpoint")
 

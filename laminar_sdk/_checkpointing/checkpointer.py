@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 
 from laminar_sdk._checkpointing.ids import LATEST_PATH, CheckpointId, artifact_path, manifest_path
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, PartitionSnapshotEntry
-from laminar_sdk._errors import CheckpointError
-from laminar_sdk._state import StateStore
+from laminar_sdk._contract.errors import CheckpointError
+from laminar_sdk._contract.state import StateStore
 
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/@]*@")
 

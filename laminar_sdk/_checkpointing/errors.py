@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 
 class CheckpointStoreError(CheckpointError):

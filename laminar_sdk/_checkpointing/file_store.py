@@ -20,8 +20,8 @@ from typing import BinaryIO
 
 from laminar_sdk._checkpointing.blob import BlobCheckpointer, PreconditionFailed
 from laminar_sdk._checkpointing.errors import CheckpointNotFound
-from laminar_sdk._durable import fsync_path, make_dirs, write_file_atomically
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.durable import fsync_path, make_dirs, write_file_atomically
+from laminar_sdk._contract.errors import CheckpointError
 
 _LOCK_NAME = ".lock"
 

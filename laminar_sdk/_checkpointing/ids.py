@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 LATEST_PATH = "_latest"
 """Where the latest pointer lives, relative to the store's location."""

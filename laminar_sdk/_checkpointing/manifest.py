@@ -18,14 +18,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.errors import CheckpointCorrupted, UnsupportedManifestVersion
 from laminar_sdk._checkpointing.ids import (
     CheckpointId,
     parse_artifact_path,
     validate_operator,
 )
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.errors import CheckpointError
 
 MANIFEST_VERSION = 1
 """The manifest format this SDK writes and the only one it reads."""

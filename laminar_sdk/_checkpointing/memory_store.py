@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from laminar_sdk._checkpointing.blob import BlobCheckpointer, PreconditionFailed
 from laminar_sdk._checkpointing.errors import CheckpointNotFound
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 
 @dataclass(slots=True)

@@ -19,8 +19,8 @@ from laminar_sdk._checkpointing.blob import BlobCheckpointer, PreconditionFailed
 from laminar_sdk._checkpointing.checkpointer import display_location
 from laminar_sdk._checkpointing.errors import CheckpointNotFound
 from laminar_sdk._checkpointing.registry import OBJECT_STORE_SCHEMES
-from laminar_sdk._config import ConnectorConfig
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.config import ConnectorConfig
+from laminar_sdk._contract.errors import CheckpointError
 
 try:
     import obstore

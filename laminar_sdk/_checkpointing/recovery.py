@@ -12,7 +12,7 @@ from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointNotFound
 from laminar_sdk._checkpointing.ids import CheckpointId
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 logger = logging.getLogger("laminar_sdk.checkpoint")
 

@@ -7,8 +7,8 @@ from importlib import metadata
 from typing import Protocol
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer, display_location
-from laminar_sdk._errors import CheckpointError, PluginError
-from laminar_sdk._plugins import distribution_of
+from laminar_sdk._contract.errors import CheckpointError, PluginError
+from laminar_sdk._plugins.loading import distribution_of
 
 CHECKPOINTER_ENTRY_POINT_GROUP = "laminar_sdk.checkpointers"
 """The entry-point group checkpoint stores register under (name = factory)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.ids import CheckpointId, checkpoint_of
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 DEFAULT_ORPHAN_GRACE_S = 600.0
 """How old an unreferenced artifact must be before it is deleted (it may be mid-checkpoint)."""

@@ -14,8 +14,8 @@ from importlib import metadata, resources
 from pathlib import Path
 from string import Template
 
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._plugins import load_connector_registry
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._plugins.loading import load_connector_registry
 
 _NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
 # Long enough for any real name, short enough that generated lines stay within 100 columns.

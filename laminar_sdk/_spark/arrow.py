@@ -11,7 +11,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from laminar_sdk._errors import SchemaMismatch
+from laminar_sdk._contract.errors import SchemaMismatch
 
 
 def spark_schema(schema: pa.Schema, connector: str) -> StructType:

@@ -16,10 +16,10 @@ import os
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from laminar_sdk._connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.state import StateStore, connector_space
 from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
-from laminar_sdk._state import StateStore, connector_space
 
 logger = logging.getLogger("laminar_sdk.spark")
 

@@ -6,11 +6,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from laminar_sdk._connector import SourceConnector
-from laminar_sdk._delivery import validate_delivery_guarantee
-from laminar_sdk._errors import ConfigurationError, SchemaMismatch
-from laminar_sdk._registry import ConnectorRole
-from laminar_sdk._schema import sink_described
+from laminar_sdk._contract.connector import SourceConnector
+from laminar_sdk._contract.errors import ConfigurationError, SchemaMismatch
+from laminar_sdk._contract.schema import sink_described
+from laminar_sdk._plugins.registry import ConnectorRole
+from laminar_sdk._runtime.delivery import validate_delivery_guarantee
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
 from laminar_sdk._spark.connectors import opened_sink, opened_source, run
 from laminar_sdk._spark.handoff import HandoffDirectory

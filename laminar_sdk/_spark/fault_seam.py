@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from laminar_sdk import faults
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._coordinator import StepObserver
-from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._runtime.coordinator import StepObserver
 
 
 def _crash_configured() -> bool:

@@ -22,12 +22,12 @@ from typing import TypeVar
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.registry import open_checkpointer, store_for_location
-from laminar_sdk._config import parse_byte_size
-from laminar_sdk._errors import CheckpointError, ConfigurationError
-from laminar_sdk._plugins import load_connector_registry
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._contract.config import parse_byte_size
+from laminar_sdk._contract.errors import CheckpointError, ConfigurationError
+from laminar_sdk._contract.types import DeliveryGuarantee
+from laminar_sdk._plugins.loading import load_connector_registry
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
 from laminar_sdk._spark.read_log import READ_LOG_DIRECTORY
-from laminar_sdk._types import DeliveryGuarantee
 
 CONNECTOR_OPTION = "connector"
 """The option naming the connector: ``.option("connector", "kafka")``."""

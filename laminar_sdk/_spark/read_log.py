@@ -49,10 +49,10 @@ import pyarrow as pa
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointCorrupted, CheckpointNotFound
 from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
-from laminar_sdk._coordinator import as_async_batches
-from laminar_sdk._errors import CheckpointError, ReadError
+from laminar_sdk._contract.errors import CheckpointError, ReadError
+from laminar_sdk._contract.state import connector_space
+from laminar_sdk._runtime.coordinator import as_async_batches
 from laminar_sdk._spark.ipc import COMPRESSED_IPC_OPTIONS
-from laminar_sdk._state import connector_space
 
 READ_LOG_DIRECTORY = "read-log"
 """The directory under the laminar checkpoint location that holds the read log."""

@@ -37,11 +37,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.ids import CheckpointId
-from laminar_sdk._connector import SourceConnector
-from laminar_sdk._errors import InvalidState, ReadError
-from laminar_sdk._parallel import PartitionRange, RangeReadableSource
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.connector import SourceConnector
+from laminar_sdk._contract.errors import InvalidState, ReadError
+from laminar_sdk._contract.parallel import PartitionRange, RangeReadableSource
 from laminar_sdk._spark.arrow import conform_source_batch
 from laminar_sdk._spark.connectors import KeptSource, iterate, opened_source, run
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of

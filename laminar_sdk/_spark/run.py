@@ -19,8 +19,8 @@ from pyspark.sql.streaming.listener import StreamingQueryProgress
 from pyspark.sql.streaming.query import StreamingQuery
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._pipeline_file import PipelineFile
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
+from laminar_sdk._pipeline_files.file import PipelineFile
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole
 from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.options import checkpointer_of, parse_options
 from laminar_sdk._spark.session import DRIVER_JAVA_OPTIONS, build_session

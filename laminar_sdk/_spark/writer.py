@@ -9,11 +9,11 @@ A distributed-commit sink (:meth:`SinkConnector.as_distributed_commit`) is writt
 tasks, in parallel:
 
 - ``write`` opens the sink in the task and stages the task's batches
-  (:func:`~laminar_sdk._coordinator.stage_task`): the epoch is the micro-batch's batch id,
+  (:func:`~laminar_sdk._runtime.coordinator.stage_task`): the epoch is the micro-batch's batch id,
   which the task reads from its ``TaskContext``, and the task's name is unique per attempt
   and per run. Its commit message holds the commit descriptor, never data;
 - ``commit`` opens the sink and the checkpoint store; the
-  :class:`~laminar_sdk._coordinator.EpochCoordinator` finishes an epoch whose commit was
+  :class:`~laminar_sdk._runtime.coordinator.EpochCoordinator` finishes an epoch whose commit was
   decided (with its recorded descriptors), skips the micro-batch when its epoch is committed
   already (Spark re-runs the last micro-batch after a crash, with the same batch id), and
   otherwise records the descriptors in the epoch's manifest (the decision) and publishes them
@@ -74,9 +74,9 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from laminar_sdk._connector import SinkConnector
-from laminar_sdk._coordinator import EpochCoordinator, EpochResult, stage_task
-from laminar_sdk._errors import InvalidState, WriteError
+from laminar_sdk._contract.connector import SinkConnector
+from laminar_sdk._contract.errors import InvalidState, WriteError
+from laminar_sdk._runtime.coordinator import EpochCoordinator, EpochResult, stage_task
 from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink, run

@@ -12,7 +12,7 @@ instance after a crash, finds everything in the directory given by the ``path`` 
     path/committed/epoch-<e>/                                   a committed epoch, as staged
 
 Every ``.arrow`` file holds one Arrow IPC batch. The source is range-readable and the sink a
-distributed-commit sink (the opt-in extensions of :mod:`laminar_sdk._parallel`), so each is
+distributed-commit sink (the opt-in extensions of :mod:`laminar_sdk._contract.parallel`), so each is
 the reference for its extension too.
 """
 
@@ -52,7 +52,7 @@ from laminar_sdk import (
     TransactionError,
     WriteResult,
 )
-from laminar_sdk._durable import (
+from laminar_sdk._contract.durable import (
     create_file_atomically,
     fsync_path,
     make_dirs,

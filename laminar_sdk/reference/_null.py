@@ -22,7 +22,7 @@ from laminar_sdk import (
     SinkConnectorCapabilities,
     WriteResult,
 )
-from laminar_sdk._durable import make_dirs, write_file_atomically
+from laminar_sdk._contract.durable import make_dirs, write_file_atomically
 from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._schemas import SCHEMA_KEY, configured_schema, conform_batch
 

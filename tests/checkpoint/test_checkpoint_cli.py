@@ -13,7 +13,7 @@ from laminar_conformance.checkpointer import run, write_checkpoint
 from laminar_conformance.services import S3Endpoint
 
 from laminar_sdk import CheckpointManifest, FileCheckpointer, open_checkpointer
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 from laminar_sdk._spark.read_log import ReadLog
 
 

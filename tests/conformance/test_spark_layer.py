@@ -441,7 +441,7 @@ def test_a_failed_run_says_the_error_of_its_output_on_the_first_line(tmp_path):
     log = tmp_path / "driver.log"
     log.write_text(
         '  File "outsider.py", line 160, in restore\n'
-        "laminar_sdk._errors.CheckpointError: queue source: p0 has 0 lines\n"
+        "laminar_sdk._contract.errors.CheckpointError: queue source: p0 has 0 lines\n"
         "=== Streaming Query ===\n"
     )
     message = _spark_layer._failed(_spark_pipeline.ChildRun(1, (), log, 1.0), "the last run")

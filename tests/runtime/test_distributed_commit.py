@@ -29,7 +29,7 @@ from laminar_sdk import (
     load_connector_registry,
     open_checkpointer,
 )
-from laminar_sdk._coordinator import StepObserver, stage_task
+from laminar_sdk._runtime.coordinator import StepObserver, stage_task
 from laminar_sdk.faults import SimulatedCrash
 from laminar_sdk.reference import MemorySink, ids_batch
 

@@ -17,8 +17,8 @@ from laminar_conformance.spark import run_pipeline_file
 from py4j.java_gateway import GatewayClient
 
 from laminar_sdk import ConnectorError, load_connector_registry
-from laminar_sdk._errors import failure_line
-from laminar_sdk._pipeline_file import load_pipeline_file
+from laminar_sdk._contract.errors import failure_line
+from laminar_sdk._pipeline_files.file import load_pipeline_file
 from laminar_sdk._spark.run import (
     _LOST_DRIVER_TRACEBACK,
     checkpoint_hint,
@@ -138,7 +138,7 @@ org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in sta
 org.apache.spark.api.python.PythonException: Traceback (most recent call last):
   File "/site/laminar_plugin_vault/_sink.py", line 80, in write_batch
     raise TransactionError("vault sink: commit of epoch 3 failed: server gone")
-laminar_sdk._errors.TransactionError: vault sink: commit of epoch 3 failed: server gone
+laminar_sdk._contract.errors.TransactionError: vault sink: commit of epoch 3 failed: server gone
 \tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:1)
 """
 
@@ -202,7 +202,8 @@ def test_a_plugin_s_own_error_class_is_the_line_too():
         """A plugin's own error, defined after the SDK was loaded."""
 
     text = PYTHON_WORKER_FAILURE.replace(
-        "laminar_sdk._errors.TransactionError: vault sink", "laminar_plugin_vault.VaultSealed: it"
+        "laminar_sdk._contract.errors.TransactionError: vault sink",
+        "laminar_plugin_vault.VaultSealed: it",
     )
     assert failure_line(text) == "VaultSealed: it: commit of epoch 3 failed: server gone"
 

@@ -43,7 +43,7 @@ from laminar_sdk import (
     ReadError,
     open_checkpointer,
 )
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 from laminar_sdk._spark import reader as reader_module
 from laminar_sdk._spark.arrow import spark_schema
 from laminar_sdk._spark.reader import LaminarPolledReader, LaminarRangeReader

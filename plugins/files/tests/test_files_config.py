@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from files_testing import open_sink, open_source
 from laminar_sdk import ConfigurationError, ConnectorConfig, ConnectorRole, load_connector_registry
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 from laminar_sdk.reference import IDS_SCHEMA, WIDE_SCHEMA
 from laminar_sdk.spark import parse_options
 

@@ -16,7 +16,7 @@ from laminar_sdk import (
     ConnectorRole,
     SchemaMismatch,
 )
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 
 from laminar_plugin_kafka._client import LIBRDKAFKA_LOGGER, client_config
 from laminar_plugin_kafka._config import ClientSettings, sink_settings

@@ -14,7 +14,7 @@ from laminar_sdk import (
     ConnectorRole,
     load_connector_registry,
 )
-from laminar_sdk._cli import main
+from laminar_sdk._cli.main import main
 
 from laminar_plugin_postgres import PostgresSink
 

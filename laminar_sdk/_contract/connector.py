@@ -13,17 +13,17 @@ from abc import ABC, abstractmethod
 
 import pyarrow as pa
 
-from laminar_sdk._checkpoint import SourceCheckpoint
-from laminar_sdk._closing import guard_calls_after_close, require_the_contracts_kinds
-from laminar_sdk._config import ConnectorConfig
-from laminar_sdk._parallel import DistributedCommitSink, RangeReadableSource
-from laminar_sdk._schema import (
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.closing import guard_calls_after_close, require_the_contracts_kinds
+from laminar_sdk._contract.config import ConnectorConfig
+from laminar_sdk._contract.parallel import DistributedCommitSink, RangeReadableSource
+from laminar_sdk._contract.schema import (
     SchemaEvolvable,
     SchemaInferable,
     SchemaProvider,
     SchemaRegistryAware,
 )
-from laminar_sdk._types import (
+from laminar_sdk._contract.types import (
     ConnectorMetrics,
     HealthStatus,
     SinkConnectorCapabilities,

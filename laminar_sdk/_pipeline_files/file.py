@@ -49,10 +49,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from laminar_sdk._config import PathKind
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._plugins import load_connector_registry
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._contract.config import PathKind
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._contract.types import DeliveryGuarantee
+from laminar_sdk._plugins.loading import load_connector_registry
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
 from laminar_sdk._spark.options import (
     CHECKPOINT_STORE,
     CONNECTOR_OPTION,
@@ -65,7 +66,6 @@ from laminar_sdk._spark.options import (
     decode_delivery,
     decode_record_cap,
 )
-from laminar_sdk._types import DeliveryGuarantee
 
 TRIGGERS = ("available-now", "continuous")
 

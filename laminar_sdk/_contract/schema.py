@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from laminar_sdk._config import ConnectorConfig
+from laminar_sdk._contract.config import ConnectorConfig
 
 DESTINATION_METADATA_KEY = b"laminar.destination"
 """The Arrow schema metadata key under which a sink's schema names its destination."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
-from laminar_sdk._errors import ConfigurationError
+from laminar_sdk._contract.errors import ConfigurationError
 
 
 class DeliveryGuarantee(enum.Enum):

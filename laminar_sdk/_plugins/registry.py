@@ -7,10 +7,10 @@ import enum
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from laminar_sdk._config import ConfigKeySpec, ConnectorConfig
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError
-from laminar_sdk._state import StateStore
+from laminar_sdk._contract.config import ConfigKeySpec, ConnectorConfig
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.errors import ConfigurationError, LaminarError, PluginError
+from laminar_sdk._contract.state import StateStore
 
 
 class ConnectorRole(enum.Enum):

@@ -14,7 +14,7 @@ import pluggy
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from laminar_sdk._registry import ConnectorRegistry
+    from laminar_sdk._plugins.registry import ConnectorRegistry
 
 PROJECT_NAME = "laminar_sdk"
 

@@ -8,9 +8,9 @@ from importlib import metadata
 
 import pluggy
 
-from laminar_sdk import _hookspecs
-from laminar_sdk._errors import PluginError
-from laminar_sdk._registry import ConnectorRegistry
+from laminar_sdk._contract.errors import PluginError
+from laminar_sdk._plugins import hookspecs
+from laminar_sdk._plugins.registry import ConnectorRegistry
 
 PLUGIN_ENTRY_POINT_GROUP = "laminar_sdk.plugins"
 """The entry-point group connector plugins register under."""
@@ -91,7 +91,7 @@ def _register(
 
 
 def _hook_names() -> list[str]:
-    return sorted(name for name in vars(_hookspecs) if name.startswith("laminar_"))
+    return sorted(name for name in vars(hookspecs) if name.startswith("laminar_"))
 
 
 def load_connector_registry(
@@ -134,8 +134,8 @@ def load_plugins(
         entry_points = metadata.entry_points(group=PLUGIN_ENTRY_POINT_GROUP)
     if plugin is not None:
         entry_points = [ep for ep in entry_points if ep.name == plugin]
-    manager = pluggy.PluginManager(_hookspecs.PROJECT_NAME)
-    manager.add_hookspecs(_hookspecs)
+    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
     origins: dict[str, tuple[str, str]] = {}
     for entry_point in _selected(entry_points, os.environ if environ is None else environ):
         distribution, version = distribution_of(entry_point)

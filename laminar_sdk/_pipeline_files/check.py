@@ -22,13 +22,19 @@ from pathlib import Path
 import pyarrow as pa
 
 from laminar_sdk._checkpointing.recovery import search_latest_valid
-from laminar_sdk._config import PathKind
-from laminar_sdk._coordinator import destination_ahead
-from laminar_sdk._delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
-from laminar_sdk._errors import CheckpointError, ConfigurationError, PluginError, SchemaMismatch
-from laminar_sdk._pipeline_file import PipelineFile, local_path
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
-from laminar_sdk._schema import sink_described
+from laminar_sdk._contract.config import PathKind
+from laminar_sdk._contract.errors import (
+    CheckpointError,
+    ConfigurationError,
+    PluginError,
+    SchemaMismatch,
+)
+from laminar_sdk._contract.schema import sink_described
+from laminar_sdk._contract.types import DeliveryGuarantee
+from laminar_sdk._pipeline_files.file import PipelineFile, local_path
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
+from laminar_sdk._runtime.coordinator import destination_ahead
+from laminar_sdk._runtime.delivery import DeliveryGuaranteeWarning, validate_delivery_guarantee
 from laminar_sdk._spark.options import (
     CONNECTOR_OPTION,
     SDK_OPTIONS,
@@ -36,7 +42,6 @@ from laminar_sdk._spark.options import (
     checkpointer_of,
     parse_options,
 )
-from laminar_sdk._types import DeliveryGuarantee
 
 # Where the options the bridge checks come from in a pipeline file.
 _PIPELINE_KEYS = {

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._plugins import load_connector_registry
-from laminar_sdk._registry import ConnectorRole
+from laminar_sdk._cli.terminal import format_table
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._plugins.loading import load_connector_registry
+from laminar_sdk._plugins.registry import ConnectorRole
 from laminar_sdk._spark.temporary_files import spark_temporary_files_in
-from laminar_sdk._terminal import format_table
 from laminar_sdk.faults import (
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,

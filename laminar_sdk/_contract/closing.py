@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable, Collection
 from typing import Any
 
-from laminar_sdk._errors import Closed, PluginError
+from laminar_sdk._contract.errors import Closed, PluginError
 
 _CLOSED = "_laminar_closed"
 _GUARD = "__laminar_closed_guard__"

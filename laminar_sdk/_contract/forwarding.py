@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from laminar_sdk._config import ConnectorConfig
-from laminar_sdk._connector import SinkConnector
-from laminar_sdk._parallel import DistributedCommitSink
-from laminar_sdk._schema import SchemaEvolvable, SchemaRegistryAware
-from laminar_sdk._types import (
+from laminar_sdk._contract.config import ConnectorConfig
+from laminar_sdk._contract.connector import SinkConnector
+from laminar_sdk._contract.parallel import DistributedCommitSink
+from laminar_sdk._contract.schema import SchemaEvolvable, SchemaRegistryAware
+from laminar_sdk._contract.types import (
     ConnectorMetrics,
     HealthStatus,
     SinkConnectorCapabilities,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._types import DeliveryGuarantee
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._contract.types import DeliveryGuarantee
 
 
 class DeliveryGuaranteeWarning(UserWarning):

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar, overload
 
-from laminar_sdk._errors import ConfigurationError
-from laminar_sdk._state import StateStore
+from laminar_sdk._contract.errors import ConfigurationError
+from laminar_sdk._contract.state import StateStore
 
 T = TypeVar("T")
 

@@ -17,7 +17,7 @@ import re
 from abc import ABC, abstractmethod
 from typing import BinaryIO
 
-from laminar_sdk._errors import CheckpointError
+from laminar_sdk._contract.errors import CheckpointError
 
 STATE_DIRECTORY = "state"
 """The directory under a checkpoint location that holds the connectors' state stores."""

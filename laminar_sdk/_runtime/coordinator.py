@@ -38,14 +38,14 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
 from laminar_sdk._checkpointing.errors import CheckpointStoreError
 from laminar_sdk._checkpointing.ids import checkpoint_of
 from laminar_sdk._checkpointing.manifest import CheckpointManifest, SinkEpochStatus
 from laminar_sdk._checkpointing.recovery import load_latest_valid, search_latest_valid
-from laminar_sdk._connector import SinkConnector
-from laminar_sdk._errors import (
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.connector import SinkConnector
+from laminar_sdk._contract.errors import (
     CheckpointError,
     ConnectorError,
     InvalidState,
@@ -53,7 +53,7 @@ from laminar_sdk._errors import (
     SchemaMismatch,
     Timeout,
 )
-from laminar_sdk._parallel import DistributedCommitSink
+from laminar_sdk._contract.parallel import DistributedCommitSink
 
 logger = logging.getLogger("laminar_sdk.runtime")
 

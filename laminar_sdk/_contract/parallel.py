@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
-from laminar_sdk._checkpoint import SourceCheckpoint
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from laminar_sdk._errors import InvalidState
+from laminar_sdk._contract.errors import InvalidState
 
 HeldT = TypeVar("HeldT")
 

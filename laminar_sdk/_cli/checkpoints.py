@@ -16,7 +16,8 @@ from laminar_sdk._checkpointing.ids import CheckpointId, parse_artifact_path
 from laminar_sdk._checkpointing.manifest import CheckpointManifest
 from laminar_sdk._checkpointing.recovery import mark_committed, verify_checkpoint
 from laminar_sdk._checkpointing.registry import open_checkpointer
-from laminar_sdk._errors import CheckpointError, ConfigurationError
+from laminar_sdk._cli.terminal import format_table
+from laminar_sdk._contract.errors import CheckpointError, ConfigurationError
 from laminar_sdk._spark.read_log import (
     LoggedMicroBatch,
     damaged_slices,
@@ -24,7 +25,6 @@ from laminar_sdk._spark.read_log import (
     read_log_location,
     slices_in_offset_log,
 )
-from laminar_sdk._terminal import format_table
 
 
 def _option(text: str) -> tuple[str, str]:

@@ -14,20 +14,20 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from laminar_sdk._checkpoint import SourceCheckpoint
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
-from laminar_sdk._connector import SinkConnector, SourceConnector
-from laminar_sdk._coordinator import (
+from laminar_sdk._contract.checkpoint import SourceCheckpoint
+from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.errors import SchemaMismatch
+from laminar_sdk._contract.types import DeliveryGuarantee
+from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole
+from laminar_sdk._runtime.coordinator import (
     EpochCoordinator,
     EpochResult,
     RetryPolicy,
     SimulatedCrash,
     StepObserver,
 )
-from laminar_sdk._delivery import validate_delivery_guarantee
-from laminar_sdk._errors import SchemaMismatch
-from laminar_sdk._registry import ConnectorRegistry, ConnectorRole
-from laminar_sdk._types import DeliveryGuarantee
+from laminar_sdk._runtime.delivery import validate_delivery_guarantee
 
 logger = logging.getLogger("laminar_sdk.runtime")
 

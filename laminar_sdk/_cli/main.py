@@ -10,14 +10,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from laminar_sdk._cli_checkpoints import add_checkpoint_commands
-from laminar_sdk._errors import ConfigurationError, LaminarError, PluginError, failure_line
-from laminar_sdk._pipeline_check import check_pipeline
-from laminar_sdk._pipeline_file import load_pipeline_file, pipeline_file_help
-from laminar_sdk._plugins import load_connector_registry
-from laminar_sdk._registry import ConnectorRole, ConnectorSpec
+from laminar_sdk._cli.checkpoints import add_checkpoint_commands
+from laminar_sdk._cli.terminal import format_table
+from laminar_sdk._contract.errors import ConfigurationError, LaminarError, PluginError, failure_line
+from laminar_sdk._pipeline_files.check import check_pipeline
+from laminar_sdk._pipeline_files.file import load_pipeline_file, pipeline_file_help
+from laminar_sdk._plugins.loading import load_connector_registry
+from laminar_sdk._plugins.registry import ConnectorRole, ConnectorSpec
 from laminar_sdk._scaffold import create_plugin_project, next_steps
-from laminar_sdk._terminal import format_table
 
 
 def _capabilities(spec: ConnectorSpec) -> str:
@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from laminar_sdk._demo import run_demo  # noqa: PLC0415 - only this command needs it
+    from laminar_sdk._cli.demo import run_demo  # noqa: PLC0415 - only this command needs it
 
     return run_demo(args.workdir, conformance=not args.no_conformance)
 

@@ -1,0 +1,1 @@
+"""The ``laminar`` command line."""

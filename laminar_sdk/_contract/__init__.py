@@ -1,0 +1,1 @@
+"""The connector contract: the base classes, their types, errors, configuration and helpers."""

@@ -1,0 +1,1 @@
+"""Pipeline files: loading them, and checking them without Spark (``laminar run --check``)."""

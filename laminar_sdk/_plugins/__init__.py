@@ -1,0 +1,1 @@
+"""Finding plugins: the pluggy hooks, the entry points, the connector registry."""

@@ -1,0 +1,1 @@
+"""Running pipelines in process: the epoch coordinator, the pipeline, the delivery rules."""
