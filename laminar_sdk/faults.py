@@ -118,6 +118,10 @@ from laminar_sdk._contract.checkpoint import SourceCheckpoint
 from laminar_sdk._contract.config import ConnectorConfig
 from laminar_sdk._contract.connector import SinkConnector, SourceConnector
 from laminar_sdk._contract.crash_points import (
+    CRASH_AT_FILE_PREFIX,
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    KILL_WRITER_VARIABLE,
     CrashPointInjector,
     crash_point,
     injecting_crash_points,
@@ -142,24 +146,6 @@ from laminar_sdk._contract.types import (
     SourceBatch,
 )
 from laminar_sdk._runtime.coordinator import ProtocolStep, SimulatedCrash, StepObserver
-
-CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
-"""``STEP:EPOCH[:WHEN]``: kill the pipeline at crash point ``STEP`` of micro-batch ``EPOCH``.
-
-Or ``@FILE``: the crash point is the content of ``FILE``, read each time a connector is opened
-or committed (none while ``FILE`` is missing or empty) — for a driver started before its crash
-point is known, as the conformance kit's restarts standing by are."""
-
-CRASH_AT_FILE_PREFIX = "@"
-"""Before a path, in :data:`CRASH_AT_VARIABLE`: read the crash point from that file."""
-
-CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
-"""A file's path: before it kills, the crash hook appends a line of JSON saying what it did."""
-
-KILL_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_WRITER"
-"""A marker file's path: the first write task to find the file absent creates it and SIGKILLs
-its own Python worker in the middle of its write (a crashed executor worker, which Spark must
-retry without the epoch committing anything twice)."""
 
 __all__ = [
     "CRASH_AT_FILE_PREFIX",

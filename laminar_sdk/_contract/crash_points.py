@@ -26,6 +26,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+# The variables that ask the Spark bridge's crash hooks (laminar_sdk.faults) for a kill: here,
+# apart from the hooks, so that the bridge can look them up without importing the hooks.
+
+CRASH_AT_VARIABLE = "LAMINAR_SPARK_CRASH_AT"
+"""``STEP:EPOCH[:WHEN]``: kill the pipeline at crash point ``STEP`` of micro-batch ``EPOCH``.
+
+Or ``@FILE``: the crash point is the content of ``FILE``, read each time a connector is opened
+or committed (none while ``FILE`` is missing or empty) — for a driver started before its crash
+point is known, as the conformance kit's restarts standing by are."""
+
+CRASH_AT_FILE_PREFIX = "@"
+"""Before a path, in :data:`CRASH_AT_VARIABLE`: read the crash point from that file."""
+
+CRASH_RECORD_VARIABLE = "LAMINAR_SPARK_CRASH_RECORD"
+"""A file's path: before it kills, the crash hook appends a line of JSON saying what it did."""
+
+KILL_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_WRITER"
+"""A marker file's path: the first write task to find the file absent creates it and SIGKILLs
+its own Python worker in the middle of its write (a crashed executor worker, which Spark must
+retry without the epoch committing anything twice)."""
+
 CrashPointInjector = Callable[[str], None]
 """Called with the name of each crash point reached; raising from it crashes the caller there."""
 

@@ -6,7 +6,8 @@ process that starts Spark (:data:`~laminar_sdk.faults.CRASH_AT_VARIABLE`,
 one, at four places: when it opens a connector (which may be wrapped), when it builds an epoch
 coordinator (which may be observed), when a write task starts (which may kill its worker after
 a batch) and when it explains a lost driver. Each looks its variable up and returns at once
-when it is not set, as in production: no fault code runs then.
+when it is not set, as in production: no fault code runs then, and :mod:`laminar_sdk.faults` is
+not even imported (it is imported, once, by the first question a variable asks for).
 """
 
 from __future__ import annotations
@@ -14,35 +15,49 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
-from laminar_sdk import faults
 from laminar_sdk._contract.connector import SinkConnector, SourceConnector
+from laminar_sdk._contract.crash_points import (
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    KILL_WRITER_VARIABLE,
+)
 from laminar_sdk._contract.errors import ConfigurationError
 from laminar_sdk._runtime.coordinator import StepObserver
 
 
-def _crash_configured() -> bool:
-    return bool(os.environ.get(faults.CRASH_AT_VARIABLE))
+def _faults_asked_for(variable: str) -> ModuleType | None:
+    """:mod:`laminar_sdk.faults` when ``variable`` is set, else ``None`` (and nothing imported)."""
+    if not os.environ.get(variable):
+        return None
+    from laminar_sdk import faults  # noqa: PLC0415 - only where a test asks for a fault
+
+    return faults
 
 
 def opened_source(source: SourceConnector) -> SourceConnector:
     """The source the bridge opened, or a wrapper that kills during its reads (``source-read``)."""
-    return faults.watched_source(source) if _crash_configured() else source
+    faults = _faults_asked_for(CRASH_AT_VARIABLE)
+    return source if faults is None else faults.watched_source(source)
 
 
 def opened_sink(sink: SinkConnector) -> SinkConnector:
     """The sink the bridge opened, or a wrapper that kills inside ``pre_commit`` / ``stage``."""
-    return faults.watched_sink(sink) if _crash_configured() else sink
+    faults = _faults_asked_for(CRASH_AT_VARIABLE)
+    return sink if faults is None else faults.watched_sink(sink)
 
 
 def coordinator_observer() -> StepObserver | None:
     """The observer that kills at a step of the epoch protocol; ``None`` when none is asked for."""
-    return faults.crash_observer() if _crash_configured() else None
+    faults = _faults_asked_for(CRASH_AT_VARIABLE)
+    return None if faults is None else faults.crash_observer()
 
 
 def after_each_batch() -> Callable[[], None] | None:
     """What a write task calls after each batch it takes (a kill of its worker), or ``None``."""
-    return faults.kill_writer_once if os.environ.get(faults.KILL_WRITER_VARIABLE) else None
+    faults = _faults_asked_for(KILL_WRITER_VARIABLE)
+    return None if faults is None else faults.kill_writer_once
 
 
 def deliberate_kill(cause: str) -> str | None:
@@ -50,7 +65,8 @@ def deliberate_kill(cause: str) -> str | None:
 
     :param cause: the error that showed the driver gone, in words.
     """
-    if not _crash_configured():
+    faults = _faults_asked_for(CRASH_AT_VARIABLE)
+    if faults is None:
         return None
     try:
         point = faults.configured_crash_point()
@@ -58,10 +74,10 @@ def deliberate_kill(cause: str) -> str | None:
         return None
     if point is None:
         return None
-    record = os.environ.get(faults.CRASH_RECORD_VARIABLE)
+    record = os.environ.get(CRASH_RECORD_VARIABLE)
     certainty = "" if record and faults.crash_recorded(point, Path(record)) else "most likely "
     return (
-        f"{faults.CRASH_AT_VARIABLE}={point} is set, so this is {certainty}the deliberate kill "
+        f"{CRASH_AT_VARIABLE}={point} is set, so this is {certainty}the deliberate kill "
         f"it asks for: the crash hook SIGKILLs Spark's driver (its JVM) at crash point "
         f"{point.step.number} ({point.step.value!r}) of epoch {point.epoch} {cause}"
     )

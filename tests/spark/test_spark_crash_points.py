@@ -14,7 +14,10 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -190,6 +193,18 @@ def test_only_the_seam_of_the_bridge_imports_the_fault_machinery():
         if re.search(r"^\s*from laminar_sdk(\.faults| import faults)\b", path.read_text(), re.M)
     )
     assert importers == ["fault_seam.py"]
+
+
+def test_a_bridge_asked_for_no_fault_does_not_import_the_fault_machinery():
+    bridge = "laminar_sdk._spark.datasource, laminar_sdk._spark.reader, laminar_sdk._spark.writer"
+    check = f"import sys, {bridge}; print('laminar_sdk.faults' in sys.modules)"
+    environment = {
+        k: v for k, v in os.environ.items() if k not in (CRASH_AT_VARIABLE, KILL_WRITER_VARIABLE)
+    }
+    imported = subprocess.run(
+        [sys.executable, "-c", check], env=environment, capture_output=True, text=True, check=True
+    )
+    assert imported.stdout.strip() == "False"
 
 
 def test_the_crash_steps_between_calls_are_the_coordinators_steps():
