@@ -91,6 +91,10 @@ _MOVING = frozenset(
         KafkaError._NOENT,
     }
 )
+# An offsets query names a partition the asking client's metadata does not hold yet (a topic
+# just created, seen first by another client): ask again (reading the metadata again) until
+# the timeout, after which the partition is taken as really unknown.
+_NOT_YET_KNOWN = frozenset({KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART})
 _GONE = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
 _PROPERTY = re.compile(r'(?:property:?|for) "([^"]+)"')
 _IDLE_POLL_S = 0.05
@@ -539,7 +543,11 @@ def _list_offsets(
             return {(tp.topic, tp.partition): f.result().offset for tp, f in futures.items()}
         except KafkaException as error:
             found = kafka_error(error)
-            moving = found is not None and not found.fatal() and is_transient(found)
+            moving = (
+                found is not None
+                and not found.fatal()
+                and (is_transient(found) or found.code() in _NOT_YET_KNOWN)
+            )
             if not moving or time.monotonic() > deadline:
                 what = "query the offsets of " + ", ".join(partition_key(k) for k in keys)
                 raise client_error(settings, what, error, otherwise) from error

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka_testing import CLIENT_LOGGER
 from laminar_sdk import PartitionRange, ReadError, SourceCheckpoint
@@ -238,3 +240,44 @@ def test_a_read_that_missed_a_partitions_end_is_told_it_again(kafka, monkeypatch
         assert events(30) == [(2, True)], "the end is reported again, and no record twice"
     finally:
         consumer.close()
+
+
+class AdminNotYetKnowing:
+    """An admin client whose metadata lacks the partitions for its first ``misses`` queries."""
+
+    def __init__(self, misses: int) -> None:
+        self.misses = misses
+        self.metadata_reads = 0
+
+    def list_offsets(self, requests, **_options):
+        answers = {}
+        for partition in requests:
+            future: Future = Future()
+            if self.misses:
+                error = KafkaError(KafkaError._UNKNOWN_PARTITION, "Local: Unknown partition")
+                future.set_exception(KafkaException(error))
+            else:
+                future.set_result(SimpleNamespace(offset=7))
+            answers[partition] = future
+        self.misses = max(0, self.misses - 1)
+        return answers
+
+    def list_topics(self, *_args, **_options):
+        self.metadata_reads += 1
+
+
+def test_a_partition_the_admin_client_does_not_know_yet_is_asked_for_again():
+    """A topic just created may be unknown to the asking client until it reads the metadata."""
+    admin = AdminNotYetKnowing(misses=2)
+    settings = _client.ClientSettings("kafka source", "127.0.0.1:9", {}, (), 30.0)
+    level = _client.IsolationLevel.READ_COMMITTED
+    offsets = _client.latest_offsets(settings, admin, [("t", 0), ("t", 1)], level, ReadError)
+    assert offsets == {("t", 0): 7, ("t", 1): 7}
+    assert admin.metadata_reads == 2, "the metadata is read again before each new query"
+
+
+def test_a_partition_still_unknown_at_the_timeout_is_a_read_error_naming_it():
+    settings = _client.ClientSettings("kafka source", "127.0.0.1:9", {}, (), 0.2)
+    level = _client.IsolationLevel.READ_COMMITTED
+    with pytest.raises(ReadError, match="cannot query the offsets of t/0: .*Unknown partition"):
+        _client.latest_offsets(settings, AdminNotYetKnowing(10**6), [("t", 0)], level, ReadError)
