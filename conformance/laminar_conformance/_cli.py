@@ -37,6 +37,7 @@ from laminar_conformance._report import (
 )
 from laminar_conformance._reruns import DEFAULT_RERUNS, label_junit, rerun_failures
 from laminar_conformance.contexts import ConformancePlugins
+from laminar_conformance.services._process import cache_root
 from laminar_sdk import ConfigurationError, ConnectorRole, ConnectorSpec, LaminarError
 
 PYTEST_PLUGIN_NAME = "laminar_conformance"
@@ -348,8 +349,11 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
             "rewritten:pytest.PytestAssertRewriteWarning\n",
             encoding="utf-8",
         )
-        # Hypothesis's caches go with the generated module, not into the caller's directory.
-        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(root / ".hypothesis"))
+        # Hypothesis's storage (its Unicode tables, and the constants it reads from every local
+        # module it finds loaded: ~0.5 CPU-s per run to parse them again) is kept in the kit's
+        # cache, read by every run after the first, and not in the caller's directory. A run
+        # is always seeded, so no example database is written there.
+        os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(cache_root() / "hypothesis"))
         module = root / f"test_{_class_name(spec.name, spec.role).lower()}_conformance.py"
         # The Spark suite is always adopted: without pyspark, or with --no-spark, its check is
         # skipped, saying why, where --strict and the summary of what was not tested see it.

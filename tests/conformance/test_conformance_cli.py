@@ -44,7 +44,8 @@ REPORTED_CHECKS = (
 )
 
 
-def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
+def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAMINAR_CACHE_DIR", str(tmp_path / "cache"))
     report, junit = tmp_path / "report.md", tmp_path / "junit.xml"
     checks = [argument for name in REPORTED_CHECKS for argument in ("--check", name)]
     result = conformance(
@@ -83,6 +84,8 @@ def test_a_reference_sink_passes_with_a_report_and_junit_xml(tmp_path):
     assert not (tmp_path / ".hypothesis").exists(), (
         "Hypothesis's files stay out of the caller's way"
     )
+    # What Hypothesis read from the modules is kept in the kit's cache, for the next run.
+    assert any((tmp_path / "cache" / "hypothesis" / "constants").iterdir())
 
 
 def test_without_a_role_every_role_of_the_connector_is_checked(tmp_path):
