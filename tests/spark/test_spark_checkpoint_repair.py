@@ -3,8 +3,11 @@
 Generator -> memory, exactly-once. The pipeline is killed after it committed micro-batch 0 and
 before Spark's commit log recorded it, then the manifest of epoch 0 is damaged: Spark re-runs
 micro-batch 0, whose commit log proves nothing yet, so the restart stops with an error naming
-the damaged file and the exact ``laminar checkpoints`` command to run. Running that command
-from the message, then restarting, delivers every id exactly once.
+the damaged file and the exact ``laminar checkpoints quarantine`` command to run. With the
+manifest set aside the location holds no checkpoint while the sink records epoch 0 as
+committed, so the next restart stops too, naming the ``laminar checkpoints mark-committed``
+command that records it. Running each command from its message, then restarting, delivers
+every id exactly once.
 """
 
 from __future__ import annotations
@@ -26,10 +29,29 @@ from laminar_sdk.reference import MemorySink
 pytestmark = [pytest.mark.spark, pytest.mark.full]
 
 ROWS = 30
-COMMAND = re.compile(r"`(laminar checkpoints quarantine /[^`]+)`")  # not the generic advice
+QUARANTINE = re.compile(r"`(laminar checkpoints quarantine /[^`]+)`")  # not the generic advice
+MARK_COMMITTED = re.compile(r"`(laminar checkpoints mark-committed /[^`]+)`")
 
 
-def test_an_unprovable_damaged_manifest_stops_and_its_command_repairs_it(tmp_path: Path) -> None:
+def command_in(log: str, pattern: re.Pattern[str]) -> str:
+    """The one command of ``pattern`` that ``log`` names."""
+    commands = set(pattern.findall(log))
+    assert len(commands) == 1, log[-3000:]
+    (command,) = commands
+    return command
+
+
+def laminar(command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (``laminar ...``, from an error message) as a user would."""
+    argv = [sys.executable, "-m", "laminar_sdk", *shlex.split(command)[1:]]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_an_unprovable_damaged_manifest_stops_and_the_commands_named_repair_it(
+    tmp_path: Path,
+) -> None:
     pipeline = exactly_once_pipeline(tmp_path, ROWS)
     killed = run_in_child(pipeline, tmp_path, "killed", crash="done:0")
     assert killed.crashed, killed.tail()
@@ -42,19 +64,17 @@ def test_an_unprovable_damaged_manifest_stops_and_its_command_repairs_it(tmp_pat
     log = refused.log.read_text(errors="replace")
     assert "proves nothing yet" in log, refused.tail()
     assert f"{manifest.parent.name}/manifest.json" in log
-    commands = set(COMMAND.findall(log))
-    assert len(commands) == 1, commands
-    (command,) = commands
+    quarantine = command_in(log, QUARANTINE)
     assert len(MemorySink.committed_ids(tmp_path / "sink")) == 25, "nothing written meanwhile"
 
-    repair = subprocess.run(
-        [sys.executable, "-m", "laminar_sdk", *shlex.split(command)[1:]],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert repair.returncode == 0, repair.stdout + repair.stderr
-    assert f"set checkpoint {manifest.parent.name} aside" in repair.stdout
+    repaired = laminar(quarantine)
+    assert f"set checkpoint {manifest.parent.name} aside" in repaired.stdout
+
+    ahead = run_in_child(pipeline, tmp_path, "ahead")
+    assert ahead.returncode != 0
+    log = ahead.log.read_text(errors="replace")
+    assert "sink 'memory' records epochs up to 0 as committed" in log, ahead.tail()
+    laminar(command_in(log, MARK_COMMITTED))
 
     resumed = run_in_child(pipeline, tmp_path, "resumed")
     assert resumed.returncode == 0, resumed.tail()
