@@ -245,10 +245,11 @@ class _Zygote:
         return line.split(" ", 1)[1].strip()
 
     def close(self) -> None:
-        """Stop the zygote (it ends at the end of its input)."""
-        if self._process.stdin is not None:
-            self._process.stdin.close()
-        self._process.wait(timeout=30)
+        """Stop the zygote (it ends at the end of its input) and close its pipes."""
+        with self._process:  # closes its answers' pipe once it has ended
+            if self._process.stdin is not None:
+                self._process.stdin.close()
+            self._process.wait(timeout=30)
 
 
 @functools.cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sqlite3
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -333,3 +334,12 @@ def test_a_kill_the_child_did_not_reach_fails_only_at_a_point_of_the_calling_thr
     else:
         with pytest.raises(AssertionError, match="killed with SIGKILL in a child process"):
             crash_at_chosen_points(found, PROFILES["quick"], 1, figures, check_run)
+
+
+def test_the_fork_server_of_real_kills_ends_with_the_process_and_leaves_no_pipe_open():
+    script = "from laminar_conformance._kill import _zygote\n_zygote(())\n"
+    ended = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", script], capture_output=True, text=True, check=False
+    )
+    assert ended.returncode == 0, ended.stderr
+    assert "ResourceWarning" not in ended.stderr, ended.stderr
