@@ -350,7 +350,7 @@ def _run_role(args: argparse.Namespace, spec: ConnectorSpec, seed: int, roles: i
             encoding="utf-8",
         )
         # Hypothesis's storage (its Unicode tables, and the constants it reads from every local
-        # module it finds loaded: ~0.5 CPU-s per run to parse them again) is kept in the kit's
+        # module it finds loaded: 0.75 of the 1.8 CPU-s of a one-check run) is kept in the kit's
         # cache, read by every run after the first, and not in the caller's directory. A run
         # is always seeded, so no example database is written there.
         os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(cache_root() / "hypothesis"))
