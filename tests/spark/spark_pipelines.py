@@ -7,6 +7,8 @@ both, so the SDK's tests and the kit run pipelines the same way.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,17 @@ from laminar_sdk.reference import IDS_SCHEMA
 PARTITIONS = 2
 BATCH_SIZE = 10
 MAX_RECORDS_PER_BATCH = 25
+
+
+def laminar(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``laminar`` command with ``args``, as a user would; its output, captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "laminar_sdk", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def expected_ids(rows: int) -> list[int]:

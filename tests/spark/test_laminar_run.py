@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 from laminar_conformance.spark import run_pipeline_file
 from py4j.java_gateway import GatewayClient
+from spark_pipelines import laminar
 
 from laminar_sdk import ConnectorError, load_connector_registry
 from laminar_sdk._contract.errors import failure_line
@@ -47,16 +46,6 @@ delivery = "exactly-once"
 checkpoint_location = "state"
 max_records_per_batch = 50
 """
-
-
-def laminar(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "laminar_sdk", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 @pytest.mark.spark

@@ -15,13 +15,12 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from laminar_conformance.checkpointer import Corruption, damage_file
 from laminar_conformance.spark import run_in_child
-from spark_pipelines import exactly_once_pipeline, expected_ids
+from spark_pipelines import exactly_once_pipeline, expected_ids, laminar
 
 from laminar_sdk.reference import MemorySink
 
@@ -41,10 +40,9 @@ def command_in(log: str, pattern: re.Pattern[str]) -> str:
     return command
 
 
-def laminar(command: str) -> subprocess.CompletedProcess[str]:
-    """Run ``command`` (``laminar ...``, from an error message) as a user would."""
-    argv = [sys.executable, "-m", "laminar_sdk", *shlex.split(command)[1:]]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+def run_command(command: str) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` (``laminar ...``, from an error message); it must succeed."""
+    done = laminar(*shlex.split(command)[1:])
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
@@ -67,14 +65,14 @@ def test_an_unprovable_damaged_manifest_stops_and_the_commands_named_repair_it(
     quarantine = command_in(log, QUARANTINE)
     assert len(MemorySink.committed_ids(tmp_path / "sink")) == 25, "nothing written meanwhile"
 
-    repaired = laminar(quarantine)
+    repaired = run_command(quarantine)
     assert f"set checkpoint {manifest.parent.name} aside" in repaired.stdout
 
     ahead = run_in_child(pipeline, tmp_path, "ahead")
     assert ahead.returncode != 0
     log = ahead.log.read_text(errors="replace")
     assert "sink 'memory' records epochs up to 0 as committed" in log, ahead.tail()
-    laminar(command_in(log, MARK_COMMITTED))
+    run_command(command_in(log, MARK_COMMITTED))
 
     resumed = run_in_child(pipeline, tmp_path, "resumed")
     assert resumed.returncode == 0, resumed.tail()
