@@ -16,13 +16,16 @@ Every bit of state a restarted process needs lives in the checkpoint (sources) o
 Helpers the reference and first-party connectors share, public for any plugin's use:
 :class:`Lifecycle` (unopened → open → closed, with the contract's errors), :func:`conform_batch`
 (a sink's batch against its schema, with a message naming each difference) and
-:func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`).
+:func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`)
+and :func:`storage_location` (a local directory or an object-store prefix, from a ``path`` key and
+the :data:`S3_KEYS`, as a pyarrow filesystem: :class:`StorageLocation`).
 """
 
 from __future__ import annotations
 
 from laminar_sdk.reference._generator import UNBOUNDED, GeneratorSource
 from laminar_sdk.reference._lifecycle import Lifecycle
+from laminar_sdk.reference._location import S3_KEYS, StorageLocation, storage_location
 from laminar_sdk.reference._memory import MemorySink, MemorySource
 from laminar_sdk.reference._null import EpochCount, NullSink
 from laminar_sdk.reference._offsets import parse_count
@@ -37,6 +40,7 @@ from laminar_sdk.reference._schemas import (
 
 __all__ = [
     "IDS_SCHEMA",
+    "S3_KEYS",
     "SCHEMAS",
     "UNBOUNDED",
     "WIDE_SCHEMA",
@@ -46,8 +50,10 @@ __all__ = [
     "MemorySink",
     "MemorySource",
     "NullSink",
+    "StorageLocation",
     "conform_batch",
     "ids_batch",
     "laminar_register_connectors",
     "parse_count",
+    "storage_location",
 ]

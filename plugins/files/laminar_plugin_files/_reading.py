@@ -12,9 +12,9 @@ import pyarrow.fs as pafs
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 from laminar_sdk import CheckpointError, ConnectorError, ReadError, SchemaMismatch, SerdeError
+from laminar_sdk.reference import StorageLocation
 
 from laminar_plugin_files._config import FileFormat
-from laminar_plugin_files._location import SourceLocation
 
 _IGNORED_PREFIXES = (".", "_")
 # Messages of pyarrow's CSV and JSON readers for a value that does not convert to the declared
@@ -26,7 +26,7 @@ _REMOTE_HINT = (
 )
 
 
-def list_files(label: str, location: SourceLocation, pattern: str) -> list[str]:
+def list_files(label: str, location: StorageLocation, pattern: str) -> list[str]:
     """The files under ``location`` that match ``pattern``, as sorted relative paths.
 
     Paths use ``/`` and are matched with :func:`fnmatch.fnmatchcase` (``*`` also matches
@@ -74,7 +74,7 @@ def list_files(label: str, location: SourceLocation, pattern: str) -> list[str]:
 
 def file_batches(
     label: str,
-    location: SourceLocation,
+    location: StorageLocation,
     name: str,
     *,
     file_format: FileFormat,
@@ -124,7 +124,7 @@ def file_batches(
 
 def count_rows(
     label: str,
-    location: SourceLocation,
+    location: StorageLocation,
     name: str,
     *,
     file_format: FileFormat,
@@ -161,7 +161,7 @@ def count_rows(
         raise _unreadable(label, location, name, file_format, error) from error
 
 
-def _is_empty(location: SourceLocation, name: str) -> bool:
+def _is_empty(location: StorageLocation, name: str) -> bool:
     """Whether the file is 0 bytes long (a file written empty: no rows, in every format).
 
     :raises FileNotFoundError: when the file is gone.
@@ -174,7 +174,7 @@ def _is_empty(location: SourceLocation, name: str) -> bool:
 
 def _parquet_batches(
     label: str,
-    location: SourceLocation,
+    location: StorageLocation,
     name: str,
     schema: pa.Schema,
     *,
@@ -216,7 +216,7 @@ def _parquet_batches(
 
 
 def _csv_batches(
-    location: SourceLocation, name: str, schema: pa.Schema
+    location: StorageLocation, name: str, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     convert = pa_csv.ConvertOptions(
         column_types={field.name: field.type for field in schema}, include_columns=schema.names
@@ -229,7 +229,7 @@ def _csv_batches(
 
 
 def _jsonl_batches(
-    location: SourceLocation, name: str, schema: pa.Schema
+    location: StorageLocation, name: str, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     # A key absent from a line reads as null; keys the schema does not name are ignored.
     # Every column is read as nullable: conform_file_batch names a null where none may be.
@@ -287,7 +287,7 @@ def conform_file_batch(
 
 def _unreadable(
     label: str,
-    location: SourceLocation,
+    location: StorageLocation,
     name: str,
     file_format: FileFormat,
     error: OSError | pa.ArrowException,

@@ -24,7 +24,13 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference import Lifecycle, parse_count
+from laminar_sdk.reference import (
+    S3_KEYS,
+    Lifecycle,
+    StorageLocation,
+    parse_count,
+    storage_location,
+)
 
 from laminar_plugin_files._config import (
     SCHEMA_KEY,
@@ -33,13 +39,7 @@ from laminar_plugin_files._config import (
     configured_schema,
     format_key,
 )
-from laminar_plugin_files._location import (
-    S3_KEYS,
-    SOURCE_PATH_KEY,
-    SourceLocation,
-    check_location,
-    source_location,
-)
+from laminar_plugin_files._location import SOURCE_PATH_KEY, check_location
 from laminar_plugin_files._reading import count_rows, file_batches, list_files
 
 _LABEL = "files source"
@@ -79,7 +79,7 @@ class _Position:
 
 @dataclass(frozen=True, slots=True)
 class _Settings:
-    location: SourceLocation
+    location: StorageLocation
     file_format: FileFormat
     schema: pa.Schema
     pattern: str
@@ -230,7 +230,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
         """
         config = config.validate(self.CONFIG_KEYS)
         file_format = configured_format(_LABEL, config, _FORMATS)
-        location = source_location(_LABEL, config)
+        location = storage_location(_LABEL, config)
         batch_size = config.get_parsed("batch_size", int, _BATCH_SIZE)
         if batch_size < 1:
             raise ConfigurationError(
@@ -465,7 +465,7 @@ def _following(settings: _Settings, position: _Position | None) -> Iterator[tupl
         yield name, 0
 
 
-def _is_file(location: SourceLocation, name: str) -> bool:
+def _is_file(location: StorageLocation, name: str) -> bool:
     """Whether ``name`` (relative to ``location``) is a file.
 
     :raises ReadError: when the filesystem cannot say (an object store unreachable).

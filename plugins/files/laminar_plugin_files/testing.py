@@ -17,14 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from laminar_sdk import ConnectorConfig, make_dirs, write_file_atomically
-from laminar_sdk.reference import ids_batch
+from laminar_sdk.reference import S3_KEYS, StorageLocation, ids_batch, storage_location
 
-from laminar_plugin_files._location import (
-    S3_KEYS,
-    SOURCE_PATH_KEY,
-    SourceLocation,
-    source_location,
-)
+from laminar_plugin_files._location import SOURCE_PATH_KEY
 
 _CONNECTOR = "files"
 SOURCE_URI_VARIABLE = "LAMINAR_FILES_SOURCE_URI"
@@ -90,7 +85,7 @@ class FilesSourceContext:
     def __init__(self, workdir: Path) -> None:
         base = os.environ.get(SOURCE_URI_VARIABLE)
         self._options: dict[str, str] = {}
-        self._store: SourceLocation | None = None
+        self._store: StorageLocation | None = None
         if base is None:
             self.path = str(workdir / "files-source")
             make_dirs(Path(self.path))
@@ -102,7 +97,7 @@ class FilesSourceContext:
                 self._options["s3.allow_http"] = str(endpoint.startswith("http://")).lower()
             config = ConnectorConfig(_CONNECTOR, {"path": self.path, **self._options})
             # The source's own notion of the location: the context writes where it reads.
-            self._store = source_location(
+            self._store = storage_location(
                 "files source context", config.validate((SOURCE_PATH_KEY, *S3_KEYS))
             )
         self._files = 0
