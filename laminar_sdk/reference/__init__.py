@@ -14,11 +14,15 @@ Every bit of state a restarted process needs lives in the checkpoint (sources) o
 ``path`` directory (memory and null), never only in memory.
 
 Helpers the reference and first-party connectors share, public for any plugin's use:
-:class:`Lifecycle` (unopened → open → closed, with the contract's errors), :func:`conform_batch`
-(a sink's batch against its schema, with a message naming each difference) and
-:func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`)
-and :func:`storage_location` (a local directory or an object-store prefix, from a ``path`` key and
-the :data:`S3_KEYS`, as a pyarrow filesystem: :class:`StorageLocation`).
+
+- :class:`Lifecycle` (unopened → open → closed, with the contract's errors);
+- :func:`conform_batch` (a sink's batch against its schema, with a message naming each
+  difference);
+- :func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`);
+- :func:`parse_schema` (a ``schema`` key written ``name type, ...``, the types as
+  :func:`arrow_type` reads them);
+- :func:`storage_location` (a local directory or an object-store prefix, from a ``path`` key and
+  the :data:`S3_KEYS`, as a pyarrow filesystem: :class:`StorageLocation`).
 """
 
 from __future__ import annotations
@@ -33,15 +37,19 @@ from laminar_sdk.reference._plugin import laminar_register_connectors
 from laminar_sdk.reference._schemas import (
     IDS_SCHEMA,
     SCHEMAS,
+    TYPE_EXAMPLES,
     WIDE_SCHEMA,
+    arrow_type,
     conform_batch,
     ids_batch,
+    parse_schema,
 )
 
 __all__ = [
     "IDS_SCHEMA",
     "S3_KEYS",
     "SCHEMAS",
+    "TYPE_EXAMPLES",
     "UNBOUNDED",
     "WIDE_SCHEMA",
     "EpochCount",
@@ -51,9 +59,11 @@ __all__ = [
     "MemorySource",
     "NullSink",
     "StorageLocation",
+    "arrow_type",
     "conform_batch",
     "ids_batch",
     "laminar_register_connectors",
     "parse_count",
+    "parse_schema",
     "storage_location",
 ]

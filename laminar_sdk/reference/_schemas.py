@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
@@ -119,3 +120,88 @@ def _schema_differences(expected: pa.Schema, actual: pa.Schema) -> list[str]:
 
 def _render(schema: pa.Schema) -> str:
     return ", ".join(f"{field.name}: {field.type}" for field in schema)
+
+
+_DECIMAL = re.compile(r"decimal(128|256)?\((\d+),\s*(-?\d+)\)")
+_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:,\s*tz=([^\]]+))?\]")
+_LIST = re.compile(r"list<(?:item:\s*)?(.+)>")
+TYPE_EXAMPLES = (
+    "int64, double, string, binary, bool, date32, decimal128(10, 2), timestamp[us], "
+    "timestamp[us, tz=UTC] or list<int64>"
+)
+"""Arrow type names, as :func:`arrow_type` reads them, for messages that ask for one."""
+
+
+def arrow_type(text: str) -> pa.DataType:
+    """The Arrow type written ``text``, as Arrow prints types.
+
+    Arrow's aliases (``int64``, ``string``, ``date32``), ``decimal128(P, S)`` and
+    ``decimal256(P, S)``, ``timestamp[us]`` and ``timestamp[us, tz=UTC]``, and ``list<TYPE>``.
+
+    :raises ValueError: for text that names no such type.
+    """
+    text = text.strip()
+    if match := _DECIMAL.fullmatch(text):
+        decimal = pa.decimal256 if match[1] == "256" else pa.decimal128
+        return decimal(int(match[2]), int(match[3]))
+    if match := _TIMESTAMP.fullmatch(text):
+        return pa.timestamp(match[1], match[2].strip() if match[2] else None)
+    if match := _LIST.fullmatch(text):
+        return pa.list_(arrow_type(match[1]))
+    if not text:
+        raise ValueError("no type")
+    try:
+        return pa.type_for_alias(text)
+    except (KeyError, pa.ArrowException) as error:
+        raise ValueError(f"{text!r} is not an Arrow type") from error
+
+
+def parse_schema(text: str, key: str, connector: str) -> pa.Schema:
+    """A schema written as ``name type, name type`` (types as :func:`arrow_type` reads them).
+
+    :param key: the configuration key ``text`` came from, for the error.
+    :param connector: the connector, for the error.
+    :raises ConfigurationError: naming ``key`` for an empty list, a malformed field, an
+        unknown type or a repeated name.
+    """
+    fields: list[pa.Field] = []
+    for item in _top_level_split(text):
+        name, _, type_text = item.strip().partition(" ")
+        if not name or not type_text.strip():
+            raise ConfigurationError(
+                f"{connector}: {key} must list fields as 'name type, name type' (e.g. "
+                f"'id int64, name string'); {item.strip()!r} is not one",
+                key=key,
+            )
+        try:
+            data_type = arrow_type(type_text)
+        except ValueError:
+            raise ConfigurationError(
+                f"{connector}: {key} field {name!r} has unknown type {type_text.strip()!r}; "
+                f"use an Arrow type such as {TYPE_EXAMPLES}",
+                key=key,
+            ) from None
+        fields.append(pa.field(name, data_type))
+    names = [field.name for field in fields]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigurationError(
+            f"{connector}: {key} repeats field(s) {', '.join(repeated)}", key=key
+        )
+    return pa.schema(fields)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in text:
+        depth += (char in "([<") - (char in ")]>")
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 from laminar_sdk import ConfigKeySpec, ConfigurationError, ConnectorConfig, PathKind
-from laminar_sdk.reference import SCHEMAS
+from laminar_sdk.reference import SCHEMAS, TYPE_EXAMPLES, arrow_type
 
 PATH_KEY = ConfigKeySpec(
     "path",
@@ -27,8 +26,6 @@ SCHEMA_KEY = ConfigKeySpec(
     'fields such as [{"name": "id", "type": "int64", "nullable": false}]',
 )
 
-_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:,\s*tz=([^\]]+))?\]")
-_DECIMAL = re.compile(r"decimal(128|256)\((\d+),\s*(-?\d+)\)")
 _FIELD_KEYS = frozenset({"name", "type", "nullable"})
 _SCHEMA_EXAMPLE = '[{"name": "id", "type": "int64", "nullable": false}, {"name": "note", ...}]'
 
@@ -152,21 +149,14 @@ def _field(label: str, position: int, item: object) -> pa.Field:
 
 
 def _arrow_type(label: str, column: str, text: str) -> pa.DataType:
-    """The Arrow type written ``text`` (as Arrow prints types)."""
-    text = text.strip()
+    """The Arrow type written ``text`` (as Arrow prints it)."""
     try:
-        if match := _TIMESTAMP.fullmatch(text):
-            return pa.timestamp(match[1], tz=match[2])
-        if match := _DECIMAL.fullmatch(text):
-            decimal = pa.decimal128 if match[1] == "128" else pa.decimal256
-            return decimal(int(match[2]), int(match[3]))
-        return pa.type_for_alias(text)
-    except (ValueError, KeyError, pa.ArrowException) as error:
+        return arrow_type(text)
+    except ValueError as error:
         raise _schema_error(
             label,
-            f"column {column!r} has type {text!r}, which is not an Arrow type this connector "
-            "knows; write it as Arrow prints it: int64, double, string, bool, date32, "
-            "timestamp[us], timestamp[us, tz=UTC], decimal128(10, 2), ...",
+            f"column {column!r} has type {text.strip()!r}, which is not an Arrow type this "
+            f"connector knows; write it as Arrow prints it: {TYPE_EXAMPLES}",
         ) from error
 
 

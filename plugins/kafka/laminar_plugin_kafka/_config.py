@@ -22,6 +22,7 @@ from laminar_sdk import (
     DeliveryGuarantee,
     PathKind,
 )
+from laminar_sdk.reference import parse_schema
 
 PASSTHROUGH_PREFIX = "kafka."
 """Keys with this prefix go to librdkafka, prefix removed."""
@@ -271,38 +272,6 @@ class SinkSettings:
     epochs_topic: str
     create_epochs_topic: bool
     flush_timeout_s: float
-
-
-def parse_schema(text: str, key: str, connector: str) -> pa.Schema:
-    """A schema written as ``name type, name type`` (Arrow type names: ``int64``, ``string``).
-
-    :raises ConfigurationError: naming ``key`` for an empty list, a malformed field, an
-        unknown type or a repeated name.
-    """
-    fields: list[pa.Field] = []
-    for item in text.split(","):
-        parts = item.split()
-        if len(parts) != 2:
-            raise ConfigurationError(
-                f"{connector}: {key} must list fields as 'name type, name type' (e.g. "
-                f"'id int64, name string'); {item.strip()!r} is not one",
-                key=key,
-            )
-        name, type_name = parts
-        try:
-            data_type = pa.type_for_alias(type_name)
-        except ValueError:
-            raise ConfigurationError(
-                f"{connector}: {key} field {name!r} has unknown type {type_name!r}; use an "
-                "Arrow type name such as int64, double, string, binary, bool, timestamp[ms]",
-                key=key,
-            ) from None
-        fields.append(pa.field(name, data_type))
-    names = [field.name for field in fields]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ConfigurationError(f"{connector}: {key} repeats field(s) {repeated}", key=key)
-    return pa.schema(fields)
 
 
 def _choice(config: ConnectorConfig, key: str, choices: tuple[str, ...]) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 from laminar_sdk import (
     REDACTED,
     ConfigKeySpec,
@@ -330,68 +329,6 @@ def parse_columns(text: str, key: str, connector: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ConfigurationError(f"{connector}: {key} repeats a column: {text!r}", key=key)
     return names
-
-
-def parse_schema(text: str, key: str, connector: str) -> pa.Schema:
-    """A schema written as ``name type, name type``.
-
-    Types are Arrow's names (``int64``, ``string``, ``date32``), and ``decimal128(P, S)``,
-    ``timestamp[us]`` / ``timestamp[us, tz=UTC]`` and ``list<TYPE>``.
-
-    :raises ConfigurationError: naming ``key`` for a malformed field, an unknown type or a
-        repeated name.
-    """
-    fields: list[pa.Field] = []
-    for item in _top_level_split(text):
-        name, _, type_text = item.strip().partition(" ")
-        try:
-            data_type = _parse_type(type_text.strip())
-        except ValueError:
-            raise ConfigurationError(
-                f"{connector}: {key} field {item.strip()!r} is not 'name type' with an Arrow "
-                "type such as int64, double, string, binary, bool, date32, decimal128(10, 2), "
-                "timestamp[us, tz=UTC] or list<int64>",
-                key=key,
-            ) from None
-        fields.append(pa.field(name, data_type))
-    names = [f.name for f in fields]
-    if len(set(names)) != len(names):
-        raise ConfigurationError(f"{connector}: {key} repeats a field: {text!r}", key=key)
-    return pa.schema(fields)
-
-
-def _top_level_split(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
-        depth += (char in "([<") - (char in ")]>")
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return parts
-
-
-_DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
-_TIMESTAMP = re.compile(r"timestamp\[(s|ms|us|ns)(?:,\s*tz=([^\]]+))?\]")
-_LIST = re.compile(r"list<(?:item:\s*)?(.+)>")
-
-
-def _parse_type(text: str) -> pa.DataType:
-    """:raises ValueError: for a type this syntax does not name."""
-    if match := _DECIMAL.fullmatch(text):
-        return pa.decimal128(int(match[1]), int(match[2]))
-    if match := _TIMESTAMP.fullmatch(text):
-        return pa.timestamp(match[1], match[2].strip() if match[2] else None)
-    if match := _LIST.fullmatch(text):
-        return pa.list_(_parse_type(match[1].strip()))
-    if not text:
-        raise ValueError("no type")
-    return pa.type_for_alias(text)
 
 
 def connection_settings(config: ConnectorConfig, connector: str) -> ConnectionSettings:

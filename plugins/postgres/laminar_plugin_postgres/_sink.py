@@ -79,7 +79,7 @@ from laminar_sdk import (
     open_checkpointer,
     with_destination,
 )
-from laminar_sdk.reference import Lifecycle
+from laminar_sdk.reference import Lifecycle, parse_schema
 from psycopg import sql
 
 from laminar_plugin_postgres._client import (
@@ -100,7 +100,6 @@ from laminar_plugin_postgres._config import (
     connection_settings,
     identifier,
     parse_columns,
-    parse_schema,
     parse_table,
     sink_id,
 )
