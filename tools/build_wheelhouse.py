@@ -28,6 +28,7 @@ DISTRIBUTIONS = {
     "laminar-plugin-files": "plugins/files",
     "laminar-plugin-kafka": "plugins/kafka",
     "laminar-plugin-postgres": "plugins/postgres",
+    "laminar-plugin-delta": "plugins/delta",
 }
 """Every distribution this repository publishes, and its directory: one line each."""
 
