@@ -77,6 +77,11 @@ SINK_KEYS: tuple[ConfigKeySpec, ...] = (
         description="create the table from schema (and partition_by) when there is none",
     ),
     ConfigKeySpec(
+        "table.properties",
+        description="table properties for a table the sink creates, comma-separated "
+        "key=value (delta.enableChangeDataFeed=true, delta.appendOnly=true, ...)",
+    ),
+    ConfigKeySpec(
         "partition_by",
         description="the partition columns, comma-separated, for a table the sink creates; "
         "for an existing table, when given, they must be the table's",
@@ -468,6 +473,18 @@ def _create_table(
             key="schema",
         )
     check_partition_columns(_LABEL, declared, partition_by or ())
+    properties: dict[str, str | None] = {}
+    for item in (config.get("table.properties") or "").split(","):
+        if not item.strip():
+            continue
+        name, equals, value = item.partition("=")
+        if not equals or not name.strip():
+            raise ConfigurationError(
+                f"{_LABEL}: config key 'table.properties' holds {item.strip()!r}, which is not "
+                "key=value (e.g. delta.enableChangeDataFeed=true)",
+                key="table.properties",
+            )
+        properties[name.strip()] = value.strip()
     try:
         # "ignore": a table another instance created meanwhile is kept as it is.
         return DeltaTable.create(
@@ -475,6 +492,7 @@ def _create_table(
             declared,
             mode="ignore",
             partition_by=list(partition_by) if partition_by else None,
+            configuration=properties or None,
             storage_options=location.storage_options or None,
         )
     except OSError as error:

@@ -25,8 +25,11 @@ def ids_schema_text() -> str:
 class DeltaSinkContext:
     """The ``delta`` sink creating a table of ``ids`` rows at ``workdir/delta-sink``.
 
-    :meth:`committed_ids` reads the table as a downstream reader would: ``deltalake``'s
-    newest version, as Arrow.
+    The table has its change data feed enabled, and :meth:`committed_ids` reads it as an
+    incremental reader does (a Delta streaming source, ``DeltaTable.load_cdf``): every row
+    inserted by any version. A snapshot reader sees a file committed twice once — Delta
+    keeps one ``add`` per path — but an incremental reader sees its rows twice, so this read
+    is the one that shows a sink committing an epoch's files again.
     """
 
     def __init__(self, workdir: Path) -> None:
@@ -41,6 +44,7 @@ class DeltaSinkContext:
                 "sink.id": "conformance",
                 "table.create": "true",
                 "schema": ids_schema_text(),
+                "table.properties": "delta.enableChangeDataFeed=true",
             },
         )
 
@@ -49,14 +53,17 @@ class DeltaSinkContext:
         return ids_batch(ids)
 
     def committed_ids(self) -> list[int]:
-        """The ids of every row of the table's newest version (none before it exists)."""
+        """The ids of every row any version of the table inserted (none before it exists)."""
+        import pyarrow.compute as pc  # noqa: PLC0415
         from deltalake import DeltaTable  # noqa: PLC0415
 
         if not DeltaTable.is_deltatable(str(self.path)):
             return []
-        ids: list[int] = (
-            DeltaTable(str(self.path)).to_pyarrow_table(columns=["id"])["id"].to_pylist()
-        )
+        changes = pa.table(DeltaTable(str(self.path)).load_cdf(starting_version=0))
+        # delta-rs gives the change type as string_view, which pyarrow (26) cannot compare.
+        change_type = changes.column("_change_type").cast(pa.string())
+        inserted = pc.filter(changes.column("id"), pc.equal(change_type, "insert"))
+        ids: list[int] = inserted.to_pylist()
         return ids
 
     def close(self) -> None:
