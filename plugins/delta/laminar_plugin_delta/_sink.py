@@ -119,8 +119,9 @@ class DeltaSink(SinkConnector, DistributedCommitSink):
     version, and writes the next log entry without delta-rs's rebase-and-retry
     (``max_commit_retries=0``). If any other writer committed first — another pipeline, or a
     zombie of this one committing the same epoch — the write fails, the sink reads the log again
-    and checks again. So even two committers of one epoch add its rows once (delta-rs itself
-    does not skip a repeated transaction identifier).
+    and checks again. So even two committers of one epoch add its rows once: delta-rs itself
+    does not skip a transaction identifier the log holds already (delta-rs #2580, #3821); it
+    refuses one only when a commit racing with it carries the same identifier.
 
     - :meth:`begin_epoch` skips an epoch the table holds; otherwise it starts writing.
     - :meth:`write_batch` writes Parquet data files into the table's directory (in

@@ -110,10 +110,12 @@ def unreachable(
     label: str, location: TableLocation, what: str, error: BaseException
 ) -> ConnectionFailed:
     """The error for a request to the table's store that failed (network, access)."""
+    endpoint = location.storage_options.get("AWS_ENDPOINT_URL")
+    through = f" through {endpoint} (s3.endpoint)" if endpoint else ""
     failed = ConnectionFailed(
-        f"{label}: cannot {what} at {location.shown} (config key 'path'): "
-        f"{_first_line(error)}; check that the store is reachable (s3.endpoint, s3.region) and "
-        "that the credentials may read and write under the prefix"
+        f"{label}: cannot {what} at {location.shown}{through}: {_first_line(error)}; check that "
+        "the store is reachable (s3.endpoint, s3.region) and that the credentials may read and "
+        "write under the prefix"
     )
     failed.transient = True
     return failed
