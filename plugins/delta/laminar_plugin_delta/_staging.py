@@ -40,8 +40,6 @@ _PARTITION_TYPES = (
 # Columns whose minimum and maximum go into a file's statistics (readers skip files by them):
 # types whose Delta statistics text is exact. Strings are left out: Delta truncates them.
 _STATISTICS_TYPES = (pa.types.is_integer, pa.types.is_date32)
-# What Spark escapes in a partition directory's value (ExternalCatalogUtils.escapePathName).
-_PATH_SAFE = " !$&'()*+,;@[]^`{|}~-._"
 
 
 def check_partition_columns(label: str, schema: pa.Schema, columns: Sequence[str]) -> None:
@@ -73,7 +71,10 @@ def check_partition_columns(label: str, schema: pa.Schema, columns: Sequence[str
 
 @dataclass(frozen=True, slots=True)
 class StagedFile:
-    """One data file, as the ``add`` action the commit records."""
+    """One data file, as the ``add`` action the commit records.
+
+    :param path: the file's path relative to the table's directory, as the filesystem names it.
+    """
 
     path: str
     size: int
@@ -86,7 +87,7 @@ class StagedFile:
         from deltalake.transaction import AddAction  # noqa: PLC0415
 
         return AddAction(
-            path=self.path,
+            path=self.path,  # delta-rs encodes it as the log's relative URI
             size=self.size,
             partition_values=self.partition_values,
             modification_time=self.modification_time,
@@ -101,11 +102,6 @@ class StagedEpoch:
 
     epoch: int
     files: tuple[StagedFile, ...]
-
-    @property
-    def rows(self) -> int:
-        """The rows the files hold."""
-        return sum(json.loads(staged.stats)["numRecords"] for staged in self.files)
 
     def to_json(self) -> str:
         """Canonical JSON text: the commit descriptor, and the pre-commit record."""
@@ -283,9 +279,11 @@ class StagedWriter:
             offset += count
 
     def _start(self, key: tuple[str | None, ...]) -> _OpenFile:
+        # As delta-rs names them: a directory per partition column, its name and value
+        # percent-encoded (the log holds the path encoded once more, as a URI).
         directory = "".join(
-            f"{quote(column, safe=_PATH_SAFE)}="
-            f"{'__HIVE_DEFAULT_PARTITION__' if value is None else quote(value, safe=_PATH_SAFE)}/"
+            f"{quote(column, safe='')}="
+            f"{'__HIVE_DEFAULT_PARTITION__' if value is None else quote(value, safe='')}/"
             for column, value in zip(self._partition_by, key, strict=True)
         )
         path = f"{directory}{self._prefix}-{self._count:05d}.parquet"
