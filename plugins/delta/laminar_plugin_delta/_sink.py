@@ -295,6 +295,11 @@ class DeltaSink(SinkConnector, DistributedCommitSink):
         table = self._table(settings)
         if _committed_epoch(settings, table) < epoch:
             staged = _read_record(settings, epoch)
+            if staged is None:
+                raise InvalidState(
+                    f"epoch {epoch} pre-committed in the table at {settings.location.shown}",
+                    f"epoch {epoch} was never pre-committed there, or was rolled back",
+                )
             files = settings.location.files
             for staged_file in staged.files:
                 if not _exists(settings, staged_file.path):
@@ -318,11 +323,9 @@ class DeltaSink(SinkConnector, DistributedCommitSink):
         held = rolled_back.held if rolled_back is not None else None
         if held is not None:
             held.abandon()
-        if not _exists(settings, _record_path(settings, epoch)):
-            return
         staged = _read_record(settings, epoch)
         _delete_record(settings, epoch)
-        if _committed_epoch(settings, self._table(settings)) < epoch:
+        if staged is not None and _committed_epoch(settings, self._table(settings)) < epoch:
             for staged_file in staged.files:
                 delete_quietly(settings.location.files, staged_file.path)
 
@@ -383,7 +386,7 @@ class DeltaSink(SinkConnector, DistributedCommitSink):
     def _writer(self, settings: _Settings, epoch: int, name: str) -> StagedWriter:
         return StagedWriter(
             _LABEL,
-            settings.location.files,
+            settings.location,
             epoch=epoch,
             schema=settings.schema,
             partition_by=settings.partition_by,
@@ -529,32 +532,40 @@ def _write_record(settings: _Settings, epoch: int, data: bytes) -> None:
         write_file_atomically(record, data)
         return
     try:
+        # One PUT when the stream closes: the object appears whole. A call interrupted before
+        # the write leaves an empty object (the stream closes all the same): see _read_record.
         with files.filesystem.open_output_stream(files.path(path)) as stream:
-            stream.write(data)  # one PUT: the object appears whole
+            stream.write(data)
     except OSError as error:
         raise unreachable(_LABEL, settings.location, f"record epoch {epoch}", error) from error
 
 
-def _read_record(settings: _Settings, epoch: int) -> StagedEpoch:
+def _read_record(settings: _Settings, epoch: int) -> StagedEpoch | None:
+    """The record :meth:`DeltaSink.pre_commit` wrote for ``epoch``.
+
+    ``None`` when there is none, or it is empty: a pre-commit that did not finish (on an
+    object store, interrupted between opening the object and writing it).
+    """
     files = settings.location.files
     try:
         with files.filesystem.open_input_stream(files.path(_record_path(settings, epoch))) as f:
             text = f.read().decode()
     except FileNotFoundError:
-        raise InvalidState(
-            f"epoch {epoch} pre-committed in the table at {settings.location.shown}",
-            f"epoch {epoch} was never pre-committed there, or was rolled back",
-        ) from None
+        return None
     except OSError as error:
         raise unreachable(_LABEL, settings.location, f"read epoch {epoch}", error) from error
-    return StagedEpoch.from_json(_LABEL, text, epoch)
+    return StagedEpoch.from_json(_LABEL, text, epoch) if text.strip() else None
 
 
 def _exists(settings: _Settings, path: str) -> bool:
     import pyarrow.fs as pafs  # noqa: PLC0415
 
     files = settings.location.files
-    return bool(files.filesystem.get_file_info(files.path(path)).type != pafs.FileType.NotFound)
+    try:
+        kind = files.filesystem.get_file_info(files.path(path)).type
+    except OSError as error:
+        raise unreachable(_LABEL, settings.location, f"look for {path}", error) from error
+    return bool(kind != pafs.FileType.NotFound)
 
 
 def _delete_record(settings: _Settings, epoch: int) -> None:

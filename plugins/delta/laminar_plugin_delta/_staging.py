@@ -27,6 +27,8 @@ import pyarrow.parquet as pq
 from laminar_sdk import ConfigurationError, TransactionError, fsync_path
 from laminar_sdk.reference import StorageLocation
 
+from laminar_plugin_delta._table import TableLocation, unreachable
+
 if TYPE_CHECKING:
     from deltalake.transaction import AddAction
 
@@ -215,7 +217,7 @@ class StagedWriter:
     descriptor, before :meth:`finish`.
 
     :param label: the connector, for messages.
-    :param location: the table's directory.
+    :param location: the table.
     :param schema: the table's schema (partition columns included); batches are in it.
     :param partition_by: the table's partition columns.
     :param name: unique to this writer and attempt: every file name holds it.
@@ -224,7 +226,7 @@ class StagedWriter:
     def __init__(
         self,
         label: str,
-        location: StorageLocation,
+        location: TableLocation,
         *,
         epoch: int,
         schema: pa.Schema,
@@ -234,7 +236,8 @@ class StagedWriter:
     ) -> None:
         self.epoch = epoch
         self._label = label
-        self._location = location
+        self._table = location
+        self._location = location.files
         self._partition_by = list(partition_by)
         self._data_schema = pa.schema([f for f in schema if f.name not in self._partition_by])
         self._rows_per_file = rows_per_file
@@ -244,7 +247,17 @@ class StagedWriter:
         self._count = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Append ``batch`` (in the table's schema) to the staged files."""
+        """Append ``batch`` (in the table's schema) to the staged files.
+
+        :raises ConnectionFailed: when the object store fails a request (naming its endpoint).
+        :raises ConnectorIOError: when the local disk refuses a write.
+        """
+        try:
+            self._write(batch)
+        except OSError as error:
+            raise unreachable(self._label, self._table, "write data files", error) from error
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         table = pa.Table.from_batches([batch])
         if not self._partition_by:
             self._write_partition((), table)
@@ -315,7 +328,17 @@ class StagedWriter:
         )
 
     def finish(self) -> StagedEpoch:
-        """Close the files, make them durable, and describe them."""
+        """Close the files, make them durable, and describe them.
+
+        :raises ConnectionFailed: when the object store fails a request (naming its endpoint).
+        :raises ConnectorIOError: when the local disk refuses a write.
+        """
+        try:
+            return self._finish()
+        except OSError as error:
+            raise unreachable(self._label, self._table, "write data files", error) from error
+
+    def _finish(self) -> StagedEpoch:
         for key in list(self._open):
             self._close(key)
         if not self._location.remote:
@@ -327,7 +350,8 @@ class StagedWriter:
         """Stop writing and delete what was written (best effort: ``VACUUM`` does the rest)."""
         opened = [current.path for current in self._open.values()]
         for current in self._open.values():
-            current.writer.close()
+            with contextlib.suppress(OSError):
+                current.writer.close()
         self._open.clear()
         for path in [*opened, *(f.path for f in self._done)]:
             delete_quietly(self._location, path)

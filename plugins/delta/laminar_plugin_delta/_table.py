@@ -18,6 +18,7 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectionFailed,
     ConnectorConfig,
+    ConnectorIOError,
     SchemaMismatch,
 )
 from laminar_sdk.reference import StorageLocation, storage_location
@@ -108,8 +109,19 @@ def open_table(label: str, location: TableLocation) -> DeltaTable | None:
 
 def unreachable(
     label: str, location: TableLocation, what: str, error: BaseException
-) -> ConnectionFailed:
-    """The error for a request to the table's store that failed (network, access)."""
+) -> ConnectionFailed | ConnectorIOError:
+    """The error for a request to the table's storage that failed.
+
+    On an object store: :class:`~laminar_sdk.ConnectionFailed` naming the endpoint (the
+    network, or the store refusing). On local disk: :class:`~laminar_sdk.ConnectorIOError`
+    naming the table (a full disk, a permission). Both are transient: the runtime retries.
+    """
+    if not location.files.remote:
+        return ConnectorIOError(
+            f"{label}: cannot {what} at {location.shown} (config key 'path'): "
+            f"{_first_line(error)}; check that the directory may be read and written and that "
+            "its disk has room"
+        )
     endpoint = location.storage_options.get("AWS_ENDPOINT_URL")
     through = f" through {endpoint} (s3.endpoint)" if endpoint else ""
     failed = ConnectionFailed(
