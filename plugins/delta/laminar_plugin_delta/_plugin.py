@@ -8,17 +8,24 @@ from typing import TYPE_CHECKING
 from laminar_sdk import ConnectorRegistry, hookimpl
 
 from laminar_plugin_delta._sink import DeltaSink
+from laminar_plugin_delta._source import DeltaSource
 
 if TYPE_CHECKING:
-    from laminar_plugin_delta.testing import DeltaSinkContext
+    from laminar_plugin_delta.testing import DeltaSinkContext, DeltaSourceContext
 
 CONNECTOR = "delta"
-"""The name the connectors are registered under."""
+"""The name both connectors are registered under (a source and a sink)."""
 
 
 @hookimpl
 def laminar_register_connectors(registry: ConnectorRegistry) -> None:
-    """Register the ``delta`` sink."""
+    """Register the ``delta`` source and the ``delta`` sink."""
+    registry.add_source(
+        CONNECTOR,
+        DeltaSource,
+        config_keys=DeltaSource.CONFIG_KEYS,
+        description=DeltaSource.DESCRIPTION,
+    )
     registry.add_sink(
         CONNECTOR,
         DeltaSink,
@@ -30,12 +37,14 @@ def laminar_register_connectors(registry: ConnectorRegistry) -> None:
 @hookimpl
 def laminar_conformance_context(
     connector: str, role: str, workdir: Path
-) -> DeltaSinkContext | None:
-    """The test context of the ``delta`` sink; ``None`` for any other connector or role."""
+) -> DeltaSinkContext | DeltaSourceContext | None:
+    """Test contexts for the ``delta`` sink and source; ``None`` for any other connector."""
     from laminar_plugin_delta import testing  # noqa: PLC0415 - imported for the kit only
 
     if connector != CONNECTOR:
         return None
     if role == "sink":
         return testing.DeltaSinkContext(workdir)
+    if role == "source":
+        return testing.DeltaSourceContext(workdir)
     return None
