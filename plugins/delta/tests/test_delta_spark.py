@@ -6,13 +6,20 @@ transaction. The pipeline is killed (SIGKILL) while a write task stages its file
 driver's commit, and after an epoch's commit was recorded but before Spark's own commit log
 (Spark then runs the micro-batch again), and finally runs to its end. Then every id is in the
 table exactly once for each outside reader: ``deltalake``'s snapshot, its change data feed
-(what an incremental reader such as a Delta streaming source sees) and Polars' Delta reader.
+(what an incremental reader such as a Delta streaming source sees), Polars' Delta reader, and
+Spark with Delta's own connector (delta-spark's jars from Maven Central, in a process of its
+own: ``delta_spark.py`` says which build reads on which Spark).
 Four Spark drivers take about two minutes on two cores, so the module runs under ``full``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +38,7 @@ pytestmark = [
     ),
 ]
 
+HERE = Path(__file__).parent
 ROWS = 1200
 PER_EPOCH = 200
 KILLS = ("pre-commit-inside:1", "commit-inside:2", "done:3")
@@ -64,6 +72,24 @@ def inserted_ids(table: DeltaTable) -> list[int]:
     return sorted(pc.filter(changes.column("id"), pc.equal(change_type, "insert")).to_pylist())
 
 
+def spark_delta_ids(table: Path) -> list[int]:
+    """The table's ids as Spark with Delta's connector reads them, in a process of its own."""
+    read = "import json, sys; from delta_spark import read_delta_ids; "
+    read += "print(json.dumps(read_delta_ids(sys.argv[1])))"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, "-c", read, str(table)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=False,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids: list[int] = json.loads(result.stdout.strip().splitlines()[-1])
+    return ids
+
+
 def test_generator_to_delta_killed_three_times_holds_every_id_once(tmp_path):
     table_path = tmp_path / "table"
     pipeline = tmp_path / "pipeline.toml"
@@ -92,3 +118,4 @@ def test_generator_to_delta_killed_three_times_holds_every_id_once(tmp_path):
         import polars as pl  # noqa: PLC0415
 
         assert sorted(pl.read_delta(str(table_path))["id"].to_list()) == expected
+    assert spark_delta_ids(table_path) == expected
