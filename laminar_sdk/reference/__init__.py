@@ -19,6 +19,8 @@ Helpers the reference and first-party connectors share, public for any plugin's 
 - :func:`conform_batch` (a sink's batch against its schema, with a message naming each
   difference);
 - :func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`);
+- :func:`single_offset` (the offset of a one-partition source's checkpoint) and
+  :func:`first_rows` (a range read's batches, cut at the rows the range holds);
 - :func:`parse_schema` (a ``schema`` key written ``name type, ...``, the types as
   :func:`arrow_type` reads them);
 - :func:`storage_location` (a local directory or an object-store prefix, from a ``path`` key and
@@ -32,7 +34,7 @@ from laminar_sdk.reference._lifecycle import Lifecycle
 from laminar_sdk.reference._location import S3_KEYS, StorageLocation, storage_location
 from laminar_sdk.reference._memory import MemorySink, MemorySource
 from laminar_sdk.reference._null import EpochCount, NullSink
-from laminar_sdk.reference._offsets import parse_count
+from laminar_sdk.reference._offsets import first_rows, parse_count, single_offset
 from laminar_sdk.reference._plugin import laminar_register_connectors
 from laminar_sdk.reference._schemas import (
     IDS_SCHEMA,
@@ -61,9 +63,11 @@ __all__ = [
     "StorageLocation",
     "arrow_type",
     "conform_batch",
+    "first_rows",
     "ids_batch",
     "laminar_register_connectors",
     "parse_count",
     "parse_schema",
+    "single_offset",
     "storage_location",
 ]

@@ -12,9 +12,14 @@ Both sources are range-readable (:class:`~laminar_sdk.RangeReadableSource`): a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Generator, Mapping
+from typing import TYPE_CHECKING
 
 from laminar_sdk import CheckpointError, PartitionRange, SourceCheckpoint
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 NEXT_PARTITION = "next_partition"
 
@@ -29,6 +34,40 @@ def parse_count(connector: str, text: str, what: str) -> int:
             f"{connector}: checkpoint {what} must be a decimal count, got {text!r}"
         )
     return int(text)
+
+
+def single_offset(connector: str, checkpoint: SourceCheckpoint, partition: str) -> str | None:
+    """The offset ``checkpoint`` holds for ``partition``, the one partition of a source.
+
+    :returns: ``None`` when it holds none (the source starts from its beginning).
+    :raises CheckpointError: when it names another partition.
+    """
+    unknown = sorted(set(checkpoint.offsets) - {partition})
+    if unknown:
+        raise CheckpointError(
+            f"{connector}: checkpoint names partition(s) {', '.join(unknown)}; this source "
+            f"has only {partition!r}: was the checkpoint taken by another connector?"
+        )
+    return checkpoint.get_offset(partition)
+
+
+def first_rows(
+    batches: Generator[pa.RecordBatch, None, None], wanted: int | None
+) -> Generator[pa.RecordBatch, None, None]:
+    """``batches`` up to ``wanted`` rows in all: the last one cut, empty ones left out.
+
+    ``wanted`` ``None``: all of them. ``batches`` is closed when this ends, read to its end or
+    not (a file it reads is closed then).
+    """
+    read = 0
+    with contextlib.closing(batches):
+        for batch in batches:
+            taken = batch if wanted is None else batch.slice(0, wanted - read)
+            read += taken.num_rows
+            if taken.num_rows:
+                yield taken
+            if read == wanted:
+                return
 
 
 def offsets_in(connector: str, checkpoint: SourceCheckpoint) -> dict[int, int]:

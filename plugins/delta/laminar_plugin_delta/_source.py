@@ -35,7 +35,7 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference import S3_KEYS, Lifecycle, parse_count
+from laminar_sdk.reference import S3_KEYS, Lifecycle, first_rows, parse_count, single_offset
 
 from laminar_plugin_delta._table import (
     TABLE_PATH_KEY,
@@ -500,15 +500,9 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             if wanted == 0:
                 return
             read = 0
-            batches = self._batches(settings, version, files, skip)
-            with contextlib.closing(batches):
-                for batch in batches:
-                    taken = batch if wanted is None else batch.slice(0, wanted - read)
-                    read += taken.num_rows
-                    if taken.num_rows:
-                        yield taken
-                    if read == wanted:
-                        break
+            for batch in first_rows(self._batches(settings, version, files, skip), wanted):
+                read += batch.num_rows
+                yield batch
             if wanted is not None and read < wanted:
                 raise ReadError(
                     f"{_LABEL}: the range ends {end.rows} rows into version {version} of the "
@@ -647,13 +641,7 @@ def _position_in(checkpoint: SourceCheckpoint) -> _Position | None:
 
     :raises CheckpointError: when it names another partition or an unreadable position.
     """
-    unknown = sorted(set(checkpoint.offsets) - {PARTITION})
-    if unknown:
-        raise CheckpointError(
-            f"{_LABEL}: checkpoint names partition(s) {', '.join(unknown)}; this source "
-            f"has only {PARTITION!r}: was the checkpoint taken by another connector?"
-        )
-    encoded = checkpoint.get_offset(PARTITION)
+    encoded = single_offset(_LABEL, checkpoint, PARTITION)
     return None if encoded is None else _Position.decode(encoded)
 
 

@@ -9,15 +9,11 @@ that must catch it; the correct sink passes the same checks in ``test_delta_conf
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
+from delta_kit import run_kit
 
 # Variant, the check that must catch it, and what its failure says.
 VARIANTS = {
@@ -35,19 +31,7 @@ VARIANTS = {
 def run_check(directory: Path, connector: str, check: str) -> str:
     """Run the kit's ``check`` on ``connector`` (a sink of delta_broken); its exit and output."""
     directory.mkdir()
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    command = [sys.executable, "-m", "laminar_conformance", "run", connector, "--role", "sink"]
-    command += ["--plugin", "delta_broken", "--seed", "1", "--no-spark", "--check", check]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=directory,
-        check=False,
-        timeout=600,
-    )
-    return f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+    return run_kit(directory, connector, "--plugin", "delta_broken", "--check", check)
 
 
 @pytest.fixture(scope="module")

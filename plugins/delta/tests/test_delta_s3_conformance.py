@@ -11,13 +11,11 @@ on S3 (about seven minutes on two cores) runs under ``full``.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from delta_kit import run_kit
 
 from laminar_plugin_delta.testing import SINK_S3_ENDPOINT_VARIABLE, SINK_URI_VARIABLE
 
@@ -36,35 +34,23 @@ def s3_endpoint() -> Iterator[S3Endpoint]:
         yield endpoint
 
 
-def run_kit(endpoint: S3Endpoint, directory: Path, *arguments: str) -> str:
+def run_on_s3(endpoint: S3Endpoint, directory: Path, *arguments: str) -> str:
     """``laminar conformance run delta --role sink`` on ``endpoint``; its exit and output."""
     environment = {
-        **os.environ,
         SINK_URI_VARIABLE: endpoint.location("conformance"),
         SINK_S3_ENDPOINT_VARIABLE: endpoint.url,
         "AWS_ACCESS_KEY_ID": endpoint.access_key_id,
         "AWS_SECRET_ACCESS_KEY": endpoint.secret_access_key,
         "AWS_REGION": endpoint.region,
     }
-    command = [sys.executable, "-m", "laminar_conformance", "run", "delta", "--role", "sink"]
-    command += ["--seed", "1", "--no-spark", *arguments]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env=environment,
-        cwd=directory,
-        check=False,
-        timeout=1200,
-    )
-    return f"exit {result.returncode}\n{result.stdout}{result.stderr}"
+    return run_kit(directory, "delta", *arguments, environment=environment)
 
 
 def test_network_faults_between_the_sink_and_s3_end_calls_cleanly_and_lose_nothing(
     s3_endpoint, tmp_path
 ):
     check = "test_a_network_fault_ends_calls_cleanly_and_loses_nothing"
-    output = run_kit(s3_endpoint, tmp_path, "--check", check)
+    output = run_on_s3(s3_endpoint, tmp_path, "--check", check)
     assert output.startswith("exit 0\n"), output[-6000:]
     for fault in ("latency", "reset", "blackhole", "bandwidth"):
         assert f"{check}[{fault}] PASSED" in output, output[-6000:]
@@ -72,6 +58,6 @@ def test_network_faults_between_the_sink_and_s3_end_calls_cleanly_and_lose_nothi
 
 @pytest.mark.full
 def test_the_quick_profile_passes_on_s3(s3_endpoint, tmp_path):
-    output = run_kit(s3_endpoint, tmp_path)
+    output = run_on_s3(s3_endpoint, tmp_path)
     assert output.startswith("exit 0\n"), output[-6000:]
     assert "every applicable check passed" in output, output[-6000:]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
@@ -28,7 +27,9 @@ from laminar_sdk.reference import (
     S3_KEYS,
     Lifecycle,
     StorageLocation,
+    first_rows,
     parse_count,
+    single_offset,
     storage_location,
 )
 
@@ -392,17 +393,11 @@ class FilesSource(SourceConnector, RangeReadableSource):
             if name > end.file:
                 break
             wanted = None if name != end.file or end.rows is None else end.rows - skip
-            batches = settings.batches(name, skip)
             read = 0
             try:
-                with contextlib.closing(batches):
-                    for batch in batches:
-                        taken = batch if wanted is None else batch.slice(0, wanted - read)
-                        read += taken.num_rows
-                        if taken.num_rows:
-                            yield taken
-                        if read == wanted:
-                            break
+                for batch in first_rows(settings.batches(name, skip), wanted):
+                    read += batch.num_rows
+                    yield batch
             except CheckpointError as error:
                 raise ReadError(f"{error}: the range cannot be read again") from error
             if wanted is not None and read < wanted:
@@ -442,13 +437,7 @@ def _position_in(checkpoint: SourceCheckpoint) -> _Position | None:
 
     :raises CheckpointError: when it names another partition or an unreadable position.
     """
-    unknown = sorted(set(checkpoint.offsets) - {PARTITION})
-    if unknown:
-        raise CheckpointError(
-            f"{_LABEL}: checkpoint names partition(s) {', '.join(unknown)}; this source "
-            f"has only {PARTITION!r}: was the checkpoint taken by another connector?"
-        )
-    encoded = checkpoint.get_offset(PARTITION)
+    encoded = single_offset(_LABEL, checkpoint, PARTITION)
     return None if encoded is None else _Position.decode(encoded)
 
 
