@@ -196,23 +196,22 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
         rows = write_parquet_input(source, rows)
         laminar_in = {"connector": "bench-parquet", "path": str(source)}
 
-        def laminar(sink: str) -> Callable[[], None]:
+        def laminar(sink: str, *, epoch_writer: bool = True) -> Callable[[], None]:
+            name = sink if epoch_writer else f"{sink}, no epoch writer"
+
             def pipeline() -> None:
-                out = directory / sink
-                query = laminar_query(
-                    spark,
-                    laminar_in,
-                    {"connector": sink, "path": str(out), "laminar.delivery": "exactly-once"},
-                    directory / f"{sink}-checkpoint",
-                )
-                batches[sink] = finish(query)
-                phases.record(sink, query)
-                slices[sink] = [
+                out = directory / name
+                options = {"connector": sink, "path": str(out), "laminar.delivery": "exactly-once"}
+                options["laminar.epoch.writer"] = str(epoch_writer).lower()
+                query = laminar_query(spark, laminar_in, options, directory / f"{name}-checkpoint")
+                batches[name] = finish(query)
+                phases.record(name, query)
+                slices[name] = [
                     len(_end_offset(progress)["read_log"]["slices"])
                     for progress in query.recentProgress
                     if progress["numInputRows"]
                 ]
-                assert published_rows(out) == rows, f"{sink}: {published_rows(out)} != {rows}"
+                assert published_rows(out) == rows, f"{name}: {published_rows(out)} != {rows}"
 
             return pipeline
 
@@ -234,6 +233,10 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
 
         pipelines = [
             ("laminar, one-instance sink", laminar("bench-parquet")),
+            (
+                "laminar, one-instance sink, no epoch writer",
+                laminar("bench-parquet", epoch_writer=False),
+            ),
             ("laminar, distributed sink", laminar("bench-parquet-staged")),
             ("hand-written", hand_written),
         ]
@@ -254,6 +257,10 @@ def bench_basic(spark: SparkSession, args: argparse.Namespace, work: Path) -> Ou
     baseline = seconds["hand-written"]
     outcome.ratio(
         "basic, one-instance sink / hand-written", baseline / seconds["laminar, one-instance sink"]
+    )
+    outcome.ratio(
+        "basic, one-instance sink without the epoch writer / hand-written",
+        baseline / seconds["laminar, one-instance sink, no epoch writer"],
     )
     outcome.ratio(
         "basic, distributed sink / hand-written", baseline / seconds["laminar, distributed sink"]

@@ -121,6 +121,7 @@ from laminar_sdk._contract.crash_points import (
     CRASH_AT_FILE_PREFIX,
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
+    KILL_EPOCH_WRITER_VARIABLE,
     KILL_WRITER_VARIABLE,
     CrashPointInjector,
     crash_point,
@@ -146,11 +147,13 @@ from laminar_sdk._contract.types import (
     SourceBatch,
 )
 from laminar_sdk._runtime.coordinator import ProtocolStep, SimulatedCrash, StepObserver
+from laminar_sdk._spark.processes import spark_jvm
 
 __all__ = [
     "CRASH_AT_FILE_PREFIX",
     "CRASH_AT_VARIABLE",
     "CRASH_RECORD_VARIABLE",
+    "KILL_EPOCH_WRITER_VARIABLE",
     "KILL_WRITER_VARIABLE",
     "CrashPoint",
     "CrashPointInjector",
@@ -160,6 +163,7 @@ __all__ = [
     "crash_observer",
     "crash_point",
     "crash_recorded",
+    "epoch_writer_killer",
     "injecting_crash_points",
     "kill_pipeline",
     "kill_writer_once",
@@ -321,26 +325,45 @@ def kill_writer_once(environ: Mapping[str, str] | None = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def epoch_writer_killer(environ: Mapping[str, str] | None = None) -> StepObserver | None:
+    """The observer that SIGKILLs this process (an epoch writer) where asked; else ``None``.
+
+    :data:`KILL_EPOCH_WRITER_VARIABLE` names the steps and epochs; each kill is recorded in
+    :data:`CRASH_RECORD_VARIABLE`'s file, when it names one, first.
+
+    :raises ConfigurationError: when the variable is malformed, or names a point inside a call.
+    """
+    value = (os.environ if environ is None else environ).get(KILL_EPOCH_WRITER_VARIABLE)
+    if not value:
+        return None
+    points = CrashPoint.parse_schedule(value, KILL_EPOCH_WRITER_VARIABLE)
+    kills: dict[tuple[ProtocolStep, int], CrashPoint] = {}
+    for point in points:
+        step = point.step.protocol_step
+        if step is None:
+            raise ConfigurationError(
+                f"{KILL_EPOCH_WRITER_VARIABLE}: {point} falls inside a call; the epoch writer "
+                "is killed between two calls only",
+                key=KILL_EPOCH_WRITER_VARIABLE,
+            )
+        kills[step, point.epoch] = point
+
+    def observe(reached: ProtocolStep, epoch: int) -> None:
+        point = kills.get((reached, epoch))
+        if point is not None:
+            _record(point, "the epoch writer", None)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return observe
+
+
 def kill_pipeline() -> NoReturn:
-    """SIGKILL the Spark driver JVM this Python worker descends from, then this process."""
-    jvm = _java_ancestor(os.getppid())
+    """SIGKILL the Spark driver JVM this Python process serves, then this process."""
+    jvm = spark_jvm()
     if jvm is not None:
         os.kill(jvm, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
     raise AssertionError("unreachable: SIGKILL cannot be caught")  # pragma: no cover
-
-
-def _java_ancestor(pid: int) -> int | None:
-    while pid > 1:
-        proc = Path("/proc", str(pid))
-        try:
-            if (proc / "comm").read_text().strip() == "java":
-                return pid
-            # The parent pid is the 2nd field after the parenthesised command name.
-            pid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-    return None
 
 
 # Windows: the calls a kill falls inside, and the events counted in them. ---------------------

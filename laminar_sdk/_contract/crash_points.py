@@ -47,6 +47,13 @@ KILL_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_WRITER"
 its own Python worker in the middle of its write (a crashed executor worker, which Spark must
 retry without the epoch committing anything twice)."""
 
+KILL_EPOCH_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_EPOCH_WRITER"
+"""``STEP:EPOCH[,STEP:EPOCH...]``: the Spark bridge's epoch writer (the process that writes a
+one-instance sink's micro-batches while their tasks run) SIGKILLs itself, and only itself, at
+each of these steps between two calls (``write``, ``pre-commit``, ``manifest``, ``commit``,
+``committed-manifest``, ``done``): the commit waiting for it must finish the micro-batch
+without it, exactly once."""
+
 CrashPointInjector = Callable[[str], None]
 """Called with the name of each crash point reached; raising from it crashes the caller there."""
 

@@ -22,6 +22,7 @@ A pipeline file names a source, an optional Spark SQL transform, a sink, and how
     interval_s = 1.0
     max_bytes_per_batch = "256m"      # optional: most bytes one micro-batch reads (default 256m)
     max_records_per_batch = 100000    # optional: most records, besides (default: no cap)
+    epoch_writer = true               # optional: a one-instance sink written while tasks run
 
 Relative paths resolve against the pipeline file's directory, so a pipeline runs the same
 from any working directory. That holds for `checkpoint_location` and for every connector key
@@ -58,6 +59,7 @@ from laminar_sdk._spark.options import (
     CHECKPOINT_STORE,
     CONNECTOR_OPTION,
     DELIVERY,
+    EPOCH_WRITER,
     MAX_BYTES_PER_BATCH,
     MAX_RECORDS_PER_BATCH,
     SDK_OPTIONS,
@@ -65,6 +67,7 @@ from laminar_sdk._spark.options import (
     decode_byte_size,
     decode_delivery,
     decode_record_cap,
+    decode_switch,
 )
 
 TRIGGERS = ("available-now", "continuous")
@@ -79,6 +82,7 @@ _PIPELINE_KEYS = {
     "interval_s",
     "max_bytes_per_batch",
     "max_records_per_batch",
+    "epoch_writer",
 }
 
 
@@ -103,6 +107,7 @@ class PipelineFile:
     interval_s: float
     max_bytes_per_batch: int | None
     max_records_per_batch: int | None
+    epoch_writer: bool | None = None
 
     def spark_options(self, role: ConnectorRole) -> dict[str, str]:
         """The options of ``format("laminar")`` for the ``role`` side of this pipeline."""
@@ -118,6 +123,8 @@ class PipelineFile:
             options[MAX_BYTES_PER_BATCH] = str(self.max_bytes_per_batch)
         if source and self.max_records_per_batch is not None:
             options[MAX_RECORDS_PER_BATCH] = str(self.max_records_per_batch)
+        if not source and self.epoch_writer is not None:
+            options[EPOCH_WRITER] = str(self.epoch_writer).lower()
         if self.checkpoint_store is not None:
             options[CHECKPOINT_STORE] = self.checkpoint_store
         return options
@@ -273,6 +280,7 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
     delivery = _sdk_setting(
         path, settings, DELIVERY, decode_delivery, DeliveryGuarantee.AT_LEAST_ONCE
     )
+    epoch_writer = _sdk_setting(path, settings, EPOCH_WRITER, decode_switch, None)
     store = settings.get("checkpoint_store")
     return PipelineFile(
         path=path,
@@ -291,6 +299,7 @@ def load_pipeline_file(path: Path, *, registry: ConnectorRegistry | None = None)
         interval_s=float(interval),
         max_bytes_per_batch=max_bytes,
         max_records_per_batch=max_records,
+        epoch_writer=epoch_writer,
     )
 
 

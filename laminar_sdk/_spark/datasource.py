@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from types import FrameType
+
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
@@ -99,6 +102,8 @@ class LaminarDataSource(DataSource):
                 "outputMode('append') or 'update'",
                 key="outputMode",
             )
+        if _in_commit_runner():
+            return LaminarStreamWriter.for_commit(options)
         expected, distributed = _checked_sink(options, schema)
         handoff = None if distributed else HandoffDirectory.of_driver()
         return LaminarStreamWriter(options, expected, distributed=distributed, handoff=handoff)
@@ -138,6 +143,25 @@ class LaminarDataSource(DataSource):
                 key=CHECKPOINT_LOCATION,
             )
         return options, source
+
+
+_COMMIT_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
+"""The module of Spark's worker that calls ``streamWriter`` only to commit or abort."""
+
+
+def _in_commit_runner() -> bool:
+    """Whether Spark called ``streamWriter`` from its commit runner (for a commit or abort).
+
+    Spark calls ``streamWriter`` when the query starts, to make the writer it ships to the
+    write tasks, and again in each commit's runner; only the first must check the sink.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        spec = frame.f_globals.get("__spec__")
+        if _COMMIT_RUNNER in (frame.f_globals.get("__name__"), getattr(spec, "name", None)):
+            return True
+        frame = frame.f_back
+    return False
 
 
 async def _source_schema(options: BridgeOptions) -> pa.Schema:

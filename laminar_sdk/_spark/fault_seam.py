@@ -2,12 +2,14 @@
 
 Test kits kill pipelines at chosen points by setting variables in the environment of the
 process that starts Spark (:data:`~laminar_sdk.faults.CRASH_AT_VARIABLE`,
-:data:`~laminar_sdk.faults.KILL_WRITER_VARIABLE`). The bridge asks this module, and only this
-one, at four places: when it opens a connector (which may be wrapped), when it builds an epoch
-coordinator (which may be observed), when a write task starts (which may kill its worker after
-a batch) and when it explains a lost driver. Each looks its variable up and returns at once
-when it is not set, as in production: no fault code runs then, and :mod:`laminar_sdk.faults` is
-not even imported (it is imported, once, by the first question a variable asks for).
+:data:`~laminar_sdk.faults.KILL_WRITER_VARIABLE`,
+:data:`~laminar_sdk.faults.KILL_EPOCH_WRITER_VARIABLE`). The bridge asks this module, and only
+this one, at four places: when it opens a connector (which may be wrapped), when it builds an
+epoch coordinator (which may be observed; in the epoch writer, also killed), when a write task
+starts (which may kill its worker after a batch) and when it explains a lost driver. Each looks
+its variable up and returns at once when it is not set, as in production: no fault code runs
+then, and :mod:`laminar_sdk.faults` is not even imported (it is imported, once, by the first
+question a variable asks for).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from laminar_sdk._contract.connector import SinkConnector, SourceConnector
 from laminar_sdk._contract.crash_points import (
     CRASH_AT_VARIABLE,
     CRASH_RECORD_VARIABLE,
+    KILL_EPOCH_WRITER_VARIABLE,
     KILL_WRITER_VARIABLE,
 )
 from laminar_sdk._contract.errors import ConfigurationError
-from laminar_sdk._runtime.coordinator import StepObserver
+from laminar_sdk._runtime.coordinator import ProtocolStep, StepObserver
 
 
 def _faults_asked_for(variable: str) -> ModuleType | None:
@@ -52,6 +55,28 @@ def coordinator_observer() -> StepObserver | None:
     """The observer that kills at a step of the epoch protocol; ``None`` when none is asked for."""
     faults = _faults_asked_for(CRASH_AT_VARIABLE)
     return None if faults is None else faults.crash_observer()
+
+
+def epoch_writer_observer() -> StepObserver | None:
+    """The epoch writer's observer: the crash hook's, and the writer's own kill if asked for."""
+    observers = [
+        observer
+        for observer in (coordinator_observer(), _epoch_writer_killer())
+        if observer is not None
+    ]
+    if len(observers) < 2:
+        return next(iter(observers), None)
+
+    def observe(step: ProtocolStep, epoch: int) -> None:
+        for observer in observers:
+            observer(step, epoch)
+
+    return observe
+
+
+def _epoch_writer_killer() -> StepObserver | None:
+    faults = _faults_asked_for(KILL_EPOCH_WRITER_VARIABLE)
+    return None if faults is None else faults.epoch_writer_killer()
 
 
 def after_each_batch() -> Callable[[], None] | None:

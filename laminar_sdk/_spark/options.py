@@ -40,6 +40,7 @@ MAX_RECORDS_PER_BATCH = "laminar.max.records.per.batch"
 MAX_BYTES_PER_BATCH = "laminar.max.bytes.per.batch"
 CHECKPOINT_LOCATION = "laminar.checkpoint.location"
 CHECKPOINT_STORE = "laminar.checkpoint.store"
+EPOCH_WRITER = "laminar.epoch.writer"
 CHECKPOINT_STORE_OPTION_PREFIX = "laminar.checkpoint.option."
 """``laminar.checkpoint.option.endpoint=...`` passes ``endpoint`` to the checkpoint store."""
 
@@ -92,6 +93,14 @@ def decode_byte_size(text: str) -> int:
     """``laminar.max.bytes.per.batch``'s value. :raises ValueError: saying what it must be."""
     requirement = 'must be a positive number of bytes, or a size like "64m" or "1g"'
     return _positive(text, parse_byte_size, requirement)
+
+
+def decode_switch(text: str) -> bool:
+    """``laminar.epoch.writer``'s value. :raises ValueError: saying what it must be."""
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError("must be true or false")
+    return value == "true"
 
 
 def _positive(text: str, parse: Callable[[str], int], requirement: str) -> int:
@@ -150,6 +159,16 @@ SDK_OPTIONS: tuple[SdkOption, ...] = (
         "the checkpoint store (file, object, or one installed by a plugin)",
         "checkpoint_store",
     ),
+    SdkOption(
+        EPOCH_WRITER,
+        frozenset({ConnectorRole.SINK}),
+        "true",
+        "for a sink written by one instance (not a distributed-commit sink): write each "
+        "micro-batch to it while its write tasks still run, in a process on the driver's machine "
+        "that keeps the sink open across micro-batches; false: the commit writes the whole "
+        "micro-batch once its tasks have ended",
+        "epoch_writer",
+    ),
 )
 """Every ``laminar.*`` option, with its documented default. Besides these, keys starting with
 ``laminar.checkpoint.option.`` are passed (without the prefix) to the checkpoint store."""
@@ -180,6 +199,8 @@ class BridgeOptions:
     :param plugin: the entry-point name of the plugin providing the connector, found when the
         options were parsed: the processes the options are shipped to import that plugin
         alone (every installed one when it is empty, or no longer provides the connector).
+    :param epoch_writer: whether a one-instance sink is written by the epoch writer while the
+        tasks run (:mod:`~laminar_sdk._spark.epoch_writer`), or by the commit alone.
     """
 
     connector: str
@@ -192,6 +213,7 @@ class BridgeOptions:
     checkpoint_store: str | None = None
     checkpoint_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     plugin: str = ""
+    epoch_writer: bool = True
 
     def spec(self) -> ConnectorSpec:
         """The registered connector these options name."""
@@ -301,6 +323,7 @@ def parse_options(
             if key.startswith(CHECKPOINT_STORE_OPTION_PREFIX)
         },
         plugin=spec.plugin,
+        epoch_writer=_decoded(sdk, EPOCH_WRITER, decode_switch, True),
     )
 
 

@@ -66,7 +66,7 @@ from __future__ import annotations
 import logging
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -80,9 +80,17 @@ from laminar_sdk._runtime.coordinator import EpochCoordinator, EpochResult, stag
 from laminar_sdk._spark import fault_seam
 from laminar_sdk._spark.arrow import conform
 from laminar_sdk._spark.connectors import opened_sink, run
+from laminar_sdk._spark.epoch_writer import (
+    TaskStream,
+    WriterAddress,
+    WriterStart,
+    drop_epoch,
+    finished_by_writer,
+)
 from laminar_sdk._spark.handoff import HandoffDirectory
 from laminar_sdk._spark.ipc import COMPRESSED_IPC_OPTIONS
 from laminar_sdk._spark.options import BridgeOptions, checkpointer_of
+from laminar_sdk._spark.processes import spark_jvm
 
 logger = logging.getLogger("laminar_sdk.spark")
 
@@ -94,10 +102,15 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class BatchesMessage(WriterCommitMessage, ABC):
-    """What one write task hands to a one-instance commit: its batches, one way or another."""
+    """What one write task hands to a one-instance commit: its batches, one way or another.
+
+    ``task`` names the task attempt, as its stream to the epoch writer does
+    (:mod:`~laminar_sdk._spark.epoch_writer`).
+    """
 
     rows: int
     query_id: str | None
+    task: str
 
     @abstractmethod
     def batches(self) -> Iterator[pa.RecordBatch]:
@@ -111,6 +124,7 @@ class ArrowBatchesMessage(BatchesMessage):
     payload: bytes
     rows: int
     query_id: str | None = None
+    task: str = ""
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The task's batches, in the order it wrote them."""
@@ -124,6 +138,7 @@ class HandedOffBatchesMessage(BatchesMessage):
     path: str
     rows: int
     query_id: str | None = None
+    task: str = ""
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """The task's batches, in the order it wrote them, read from the file one at a time.
@@ -162,8 +177,10 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     """Writes micro-batches to a sink connector, each as one epoch, exactly once.
 
     :param options: the validated options of the write side.
-    :param schema: the sink's Arrow schema; batches are conformed to it.
-    :param distributed: whether the sink is a distributed-commit sink, staged by the tasks.
+    :param schema: the sink's Arrow schema; batches are conformed to it. ``None`` in a writer
+        made only to commit (see :meth:`for_commit`).
+    :param distributed: whether the sink is a distributed-commit sink, staged by the tasks;
+        ``None`` in a writer made only to commit.
     :param handoff: the driver's hand-off directory, for a one-instance commit; ``None`` to
         send every task's batches in its commit message.
     """
@@ -171,15 +188,26 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     def __init__(
         self,
         options: BridgeOptions,
-        schema: pa.Schema,
+        schema: pa.Schema | None,
         *,
-        distributed: bool,
+        distributed: bool | None,
         handoff: HandoffDirectory | None = None,
     ) -> None:
         self._options = options
         self._schema = schema
         self._distributed = distributed
         self._handoff = handoff
+
+    @classmethod
+    def for_commit(cls, options: BridgeOptions) -> LaminarStreamWriter:
+        """A writer for Spark's commit runner, which calls only ``commit`` or ``abort``.
+
+        The sink is not opened to check it (the query's start did): another instance of the
+        sink is open in the epoch writer, and opening one here (a Kafka producer with the
+        same transactional id) would fence it in the middle of its epoch. What kind of
+        commit a micro-batch takes is told by its tasks' messages.
+        """
+        return cls(options, None, distributed=None, handoff=HandoffDirectory.of_driver())
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         """Stage the task's batches (distributed), or hand them to the commit (otherwise).
@@ -188,6 +216,8 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
             streaming write task (there is no batch id to stage for).
         :raises WriteError: when the task's hand-off file cannot be written (a full disk).
         """
+        if self._schema is None or self._distributed is None:
+            raise InvalidState("a writer Spark made for write tasks", "one made to commit")
         context = TaskContext.get()
         query_id = None if context is None else context.getLocalProperty(QUERY_ID_PROPERTY)
         if self._distributed:
@@ -202,8 +232,9 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         ):
             return self._hand_off(iterator, self._handoff, context, query_id, int(batch_id))
         sink = pa.BufferOutputStream()
+        task = "" if context is None else _task_name(context)
         rows = self._serialize(iterator, sink, COMPRESSED_IPC_OPTIONS)
-        return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id)
+        return ArrowBatchesMessage(sink.getvalue().to_pybytes(), rows, query_id, task)
 
     def commit(
         self,
@@ -211,16 +242,31 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         batchId: int,  # noqa: N803 - Spark passes it by this name
     ) -> None:
         """Commit micro-batch ``batchId`` as an epoch, or skip it if it was."""
-        if self._distributed:
+        if self._commits_distributed(messages):
             staged = _messages(messages, batchId, StagedTaskMessage)
             run(self._commit_staged(staged, batchId))
             return
         # An abstract class is a fine isinstance() target (mypy's check is for instantiation).
         received = _messages(messages, batchId, BatchesMessage)  # type: ignore[type-abstract]
         try:
-            run(self._commit(received, batchId))
+            address = self._writer_address(self._handoff, _query_id(received))
+            tasks = {message.task: message.rows for message in received}
+            written = None if address is None else finished_by_writer(address, batchId, tasks)
+            if written is not None:
+                self._log(written)
+            else:
+                run(self._commit(received, batchId))
         finally:
             self._discard_handoff(messages, batchId)
+
+    def _commits_distributed(self, messages: Sequence[WriterCommitMessage | None]) -> bool:
+        """Whether the micro-batch was staged by its tasks: known, told by a message, or asked."""
+        if self._distributed is not None:
+            return self._distributed
+        for message in messages:
+            if isinstance(message, StagedTaskMessage | BatchesMessage):
+                return isinstance(message, StagedTaskMessage)
+        return run(_distributed_commit_sink(self._options))
 
     def abort(
         self,
@@ -230,6 +276,9 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         """Roll back micro-batch ``batchId`` unless its commit was decided (then finish it)."""
         received = [m for m in messages if isinstance(m, BatchesMessage | StagedTaskMessage)]
         try:
+            address = self._writer_address(self._handoff, _query_id(received))
+            if address is not None:
+                drop_epoch(address, batchId)
             run(self._recover(_query_id(received), batchId))
         finally:
             self._discard_handoff(messages, batchId)
@@ -242,30 +291,64 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         query_id: str,
         batch_id: int,
     ) -> HandedOffBatchesMessage:
+        task = _task_name(context)
+        stream = self._epoch_stream(handoff, query_id, batch_id, task)
         try:
-            path = handoff.task_file(query_id, batch_id, _task_name(context))
+            path = handoff.task_file(query_id, batch_id, task)
             with pa.OSFile(str(path), "wb") as file:
                 # Not compressed: the commit reads it locally, and would decompress alone.
-                rows = self._serialize(iterator, file, pa.ipc.IpcWriteOptions())
-        except OSError as error:
-            raise WriteError(
-                f"sink {self._options.connector!r}: cannot hand micro-batch {batch_id}'s "
-                f"records to the commit in {handoff.root}: {error}. Free space there, or point "
-                "TMPDIR of Spark's Python workers at a directory with room"
-            ) from error
-        return HandedOffBatchesMessage(str(path), rows, query_id)
+                options = pa.ipc.IpcWriteOptions()
+                also = None if stream is None else stream.send
+                rows = self._serialize(iterator, file, options, also=also)
+        except BaseException as error:
+            if stream is not None:
+                stream.abandon()
+            if isinstance(error, OSError):
+                raise WriteError(
+                    f"sink {self._options.connector!r}: cannot hand micro-batch {batch_id}'s "
+                    f"records to the commit in {handoff.root}: {error}. Free space there, or "
+                    "point TMPDIR of Spark's Python workers at a directory with room"
+                ) from error
+            raise
+        if stream is not None:
+            stream.close(rows)
+        return HandedOffBatchesMessage(str(path), rows, query_id, task)
+
+    def _epoch_stream(
+        self, handoff: HandoffDirectory, query_id: str, batch_id: int, task: str
+    ) -> TaskStream | None:
+        """A copy of the task's batches for the epoch writer, when it is on and reachable."""
+        address = self._writer_address(handoff, query_id)
+        if address is None:
+            return None
+        assert self._schema is not None, "a writer made for tasks"
+        start = WriterStart(self._options, self._schema, query_id, address.socket, spark_jvm())
+        return TaskStream.open(address, start, batch_id, task)
+
+    def _writer_address(
+        self, handoff: HandoffDirectory | None, query_id: str | None
+    ) -> WriterAddress | None:
+        if not self._options.epoch_writer or handoff is None or query_id is None:
+            return None
+        return WriterAddress.of(handoff.root, query_id, self._options)
 
     def _serialize(
         self,
         iterator: Iterator[pa.RecordBatch],
         sink: pa.NativeFile,
         ipc_options: pa.ipc.IpcWriteOptions,
+        also: Callable[[pa.RecordBatch], None] | None = None,
     ) -> int:
-        """Write the task's conformed batches to ``sink`` as one IPC stream; the rows written."""
+        """Write the task's conformed batches to ``sink`` as one IPC stream; the rows written.
+
+        :param also: called with each batch too (the epoch writer's copy).
+        """
         rows = 0
         with pa.ipc.new_stream(sink, self._schema, options=ipc_options) as stream:
             for batch in self._conformed(iterator):
                 stream.write_batch(batch)
+                if also is not None:
+                    also(batch)
                 rows += batch.num_rows
         return rows
 
@@ -356,6 +439,11 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
                 result.epoch,
                 result.rows,
             )
+
+
+async def _distributed_commit_sink(options: BridgeOptions) -> bool:
+    async with opened_sink(options) as sink:
+        return sink.as_distributed_commit() is not None
 
 
 def _messages(

@@ -18,7 +18,7 @@ from pyspark.sql.types import StructType
 from spark_pipelines import committed_epochs, expected_ids, ids_batch, run_exactly_once
 
 from laminar_sdk import InvalidState, WriteError
-from laminar_sdk._spark import handoff
+from laminar_sdk._spark import datasource, handoff
 from laminar_sdk._spark.arrow import schema_differences, spark_schema
 from laminar_sdk._spark.connectors import run
 from laminar_sdk._spark.writer import (
@@ -49,11 +49,12 @@ def test_a_restarted_query_resumes_without_duplicates(spark: SparkSession, tmp_p
 
 
 def _writer_options(tmp_path: Path) -> CaseInsensitiveDict:
+    # The commit's own path; the epoch writer's is tested in test_epoch_writer_process.py.
     return CaseInsensitiveDict(
         connector="memory",
         path=str(tmp_path / "sink"),
         checkpointLocation=str(tmp_path / "checkpoint"),
-        **{"laminar.delivery": "exactly-once"},
+        **{"laminar.delivery": "exactly-once", "laminar.epoch.writer": "false"},
     )
 
 
@@ -212,6 +213,26 @@ def test_a_write_task_on_the_drivers_machine_hands_its_batches_over_in_a_file(
     assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == list(range(20_008))
     assert committed_epochs(tmp_path) == ["epoch-0"]
     assert [p.name for p in handoff_root.iterdir()] == ["driver-token"], "every file removed"
+
+
+def test_the_commit_runner_gets_a_writer_without_opening_the_sink(
+    tmp_path: Path, handoff_root: Path, in_task: Callable[..., TaskContext], monkeypatch
+) -> None:
+    # Opening a sink there would fence the epoch writer's instance (a Kafka producer with the
+    # same transactional id); the tasks' messages say which commit the micro-batch takes.
+    message = _handed_off(tmp_path, in_task)
+    opened: list[str] = []
+    monkeypatch.setattr(datasource, "_checked_sink", lambda *args: opened.append("checked"))
+    source = LaminarDataSource(_writer_options(tmp_path))
+    schema = spark_schema(IDS_SCHEMA, "generator")
+    runner = {"__name__": "pyspark.sql.worker.python_streaming_sink_runner"}
+    exec("def call(function):\n    return function()", runner)
+
+    writer = runner["call"](lambda: source.streamWriter(schema, overwrite=False))
+    writer.commit([message], 0)
+
+    assert opened == [], "the sink was opened to check it"
+    assert sorted(MemorySink.committed_ids(tmp_path / "sink")) == list(range(5))
 
 
 def test_a_write_task_that_does_not_see_the_drivers_token_sends_its_batches(
