@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import functools
 import hashlib
 import json
 import logging
@@ -60,7 +59,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +80,7 @@ IDLE_EXIT_S = 120.0
 _START_TIMEOUT_S = 30.0
 _WATCH_INTERVAL_S = 1.0
 _QUEUED_BATCHES = 8
-_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux (104 on macOS), with its NUL
 
 _FRAME = struct.Struct("<cQ")
 _HEADER, _BATCH, _END, _REPLY = b"H", b"B", b"E", b"R"
@@ -113,8 +112,8 @@ class WriterAddress:
     lock: str
 
     @classmethod
-    def of(cls, root: str, query_id: str, options: BridgeOptions) -> WriterAddress | None:
-        """The address in the hand-off directory ``root``; ``None`` when its path is too long.
+    def of(cls, root: str, query_id: str, options: BridgeOptions) -> WriterAddress:
+        """The address in the hand-off directory ``root``.
 
         The name is a digest of the query id and the sink's options (which determine its
         schema), so a query restarted with other sink options never reaches a writer holding
@@ -130,22 +129,23 @@ class WriterAddress:
             "checkpoint_options": sorted(options.checkpoint_options.items()),
         }
         key = hashlib.sha256(json.dumps(configuration).encode()).hexdigest()[:16]
-        address = cls(os.path.join(root, f"w-{key}.sock"), os.path.join(root, f"w-{key}.lock"))
-        if len(os.fsencode(address.socket)) <= _MAX_SOCKET_PATH:
-            return address
-        _warn_path_too_long(address.socket)
-        return None
+        return cls(os.path.join(root, f"w-{key}.sock"), os.path.join(root, f"w-{key}.lock"))
 
 
-@functools.cache
-def _warn_path_too_long(path: str) -> None:
-    """Say once per process that the epoch writer is off, and why."""
-    logger.warning(
-        "no epoch writer: its socket's path %s is longer than a Unix socket's %d bytes; point "
-        "TMPDIR of Spark's Python workers at a shorter directory",
-        path,
-        _MAX_SOCKET_PATH,
-    )
+@contextlib.contextmanager
+def _socket_path(path: str) -> Iterator[str]:
+    """``path`` as a Unix socket's address can hold it (108 bytes on Linux).
+
+    A longer one is reached through ``/proc/self/fd`` and its directory, open meanwhile.
+    """
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
 
 
 # The task's side. ------------------------------------------------------------------------
@@ -214,7 +214,8 @@ class TaskStream:
 def _connected(path: str) -> socket.socket | None:
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.connect(path)
+        with _socket_path(path) as reachable:
+            connection.connect(reachable)
     except OSError:
         connection.close()
         return None
@@ -608,7 +609,8 @@ def _main() -> None:
         os._exit(0)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listening.bind(start.socket)
+    with _socket_path(start.socket) as bindable:
+        listening.bind(bindable)
     listening.listen(64)
     sys.stdout.write("listening\n")
     sys.stdout.flush()

@@ -328,6 +328,7 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
     def _writer_address(
         self, handoff: HandoffDirectory | None, query_id: str | None
     ) -> WriterAddress | None:
+        """Where the epoch writer listens; ``None`` when it is off or cannot be reached."""
         if not self._options.epoch_writer or handoff is None or query_id is None:
             return None
         return WriterAddress.of(handoff.root, query_id, self._options)
