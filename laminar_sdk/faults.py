@@ -153,6 +153,7 @@ __all__ = [
     "CRASH_AT_FILE_PREFIX",
     "CRASH_AT_VARIABLE",
     "CRASH_RECORD_VARIABLE",
+    "EPOCH_WRITER_KILLED",
     "KILL_EPOCH_WRITER_VARIABLE",
     "KILL_WRITER_VARIABLE",
     "CrashPoint",
@@ -325,15 +326,26 @@ def kill_writer_once(environ: Mapping[str, str] | None = None) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+EPOCH_WRITER_KILLED = "the epoch writer"
+"""What a :data:`CRASH_RECORD_VARIABLE` line says was killed (``"at"``) when the epoch writer
+killed itself, not the pipeline."""
+
+
 def epoch_writer_killer(environ: Mapping[str, str] | None = None) -> StepObserver | None:
     """The observer that SIGKILLs this process (an epoch writer) where asked; else ``None``.
 
-    :data:`KILL_EPOCH_WRITER_VARIABLE` names the steps and epochs; each kill is recorded in
+    :data:`KILL_EPOCH_WRITER_VARIABLE` names the steps and epochs, or ``@FILE`` a file that
+    does (none while it is missing or empty); each kill is recorded in
     :data:`CRASH_RECORD_VARIABLE`'s file, when it names one, first.
 
-    :raises ConfigurationError: when the variable is malformed, or names a point inside a call.
+    :raises ConfigurationError: when the steps are malformed, or name a point inside a call.
     """
-    value = (os.environ if environ is None else environ).get(KILL_EPOCH_WRITER_VARIABLE)
+    value = (os.environ if environ is None else environ).get(KILL_EPOCH_WRITER_VARIABLE, "")
+    if value.startswith(CRASH_AT_FILE_PREFIX):
+        try:
+            value = Path(value.removeprefix(CRASH_AT_FILE_PREFIX)).read_text().strip()
+        except FileNotFoundError:
+            return None
     if not value:
         return None
     points = CrashPoint.parse_schedule(value, KILL_EPOCH_WRITER_VARIABLE)
@@ -351,7 +363,7 @@ def epoch_writer_killer(environ: Mapping[str, str] | None = None) -> StepObserve
     def observe(reached: ProtocolStep, epoch: int) -> None:
         point = kills.get((reached, epoch))
         if point is not None:
-            _record(point, "the epoch writer", None)
+            _record(point, EPOCH_WRITER_KILLED, None)
             os.kill(os.getpid(), signal.SIGKILL)
 
     return observe

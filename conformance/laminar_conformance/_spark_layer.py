@@ -100,6 +100,7 @@ class CaseResult:
     """
 
     fired: list[str] = field(default_factory=list)
+    writer_kills: list[str] = field(default_factory=list)
     epochs: int = 0
     problems: list[str] = field(default_factory=list)
     trace: list[TraceEvent] = field(default_factory=list)
@@ -247,6 +248,7 @@ class SparkLayer:
                 self._report_removal(case, f"while run {number} ran")
                 newly = sorted(set(case.pipeline.spark_batches("commits")) - set(committed))
                 result.ran(index, newly, point if run.crashed else None)
+                result.writer_kills += [str(kill.get("crash")) for kill in run.writer_kills]
                 if run.crashed:
                     result.fired.append(str(point))
                     down = f"while the driver was down after run {number}"
@@ -273,6 +275,12 @@ class SparkLayer:
         result.epochs = len(case.pipeline.spark_batches("commits"))
         if case.removal is not None and case.removal.error:
             result.problems.append(case.removal.error)
+        expected_kill = case.pipeline.epoch_writer_kills
+        if expected_kill and expected_kill not in result.writer_kills:
+            result.problems.append(
+                f"the epoch writer was never killed at {expected_kill}: the sink's micro-batches "
+                "did not go through it, so the handover to a new instance was not tried"
+            )
         if not result.fired:
             result.problems.append(
                 "no crash point of the schedule fired: the pipeline ran to its end without "
@@ -458,6 +466,19 @@ class EarlyDrivers:
             child.wait()
 
 
+def _epoch_writer_kill(target: Target, ids: list[int]) -> str:
+    """Where a one-instance sink's epoch writer kills itself: a step of the last micro-batch.
+
+    Only the pipeline's last run reaches that micro-batch (crash schedules leave it out): the
+    writer dies with the driver still up, and the commit waiting for it must finish the
+    micro-batch on a new instance of the sink, in another process. The step turns with the
+    seed.
+    """
+    steps = [step for step in CrashStep if step.protocol_step is not None]
+    step = steps[(target.seed or 0) % len(steps)]
+    return str(CrashPoint(step, len(ids) // IDS_PER_EPOCH - 1))
+
+
 def _reads_back(context: SinkTestContext) -> bool:
     try:
         return context.committed_ids() is not None
@@ -604,6 +625,9 @@ class _Case:
         )
         sink = target.plugins.registry.create_sink(target.connector)
         exactly_once = sink.capabilities().exactly_once
+        writer_kill = (
+            "" if sink.as_distributed_commit() is not None else _epoch_writer_kill(target, ids)
+        )
         pipeline = SparkPipeline(
             source="generator",
             source_options={
@@ -617,6 +641,7 @@ class _Case:
             delivery="exactly-once" if exactly_once else "at-least-once",
             max_records_per_batch=IDS_PER_EPOCH,
             transform=IdsTransform(TAKE_RECORDS, str(records)),
+            epoch_writer_kills=writer_kill,
         )
         return cls(
             directory, pipeline, ids, exactly_once, True, context.committed_ids, context.close

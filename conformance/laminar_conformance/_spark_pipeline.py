@@ -33,7 +33,13 @@ import pyarrow as pa
 
 from laminar_conformance.services import die_with_parent
 from laminar_sdk import spark_temporary_files_in
-from laminar_sdk.faults import CRASH_AT_FILE_PREFIX, CRASH_AT_VARIABLE, CRASH_RECORD_VARIABLE
+from laminar_sdk.faults import (
+    CRASH_AT_FILE_PREFIX,
+    CRASH_AT_VARIABLE,
+    CRASH_RECORD_VARIABLE,
+    EPOCH_WRITER_KILLED,
+    KILL_EPOCH_WRITER_VARIABLE,
+)
 
 CHILD_MODULE = "laminar_conformance._spark_child"
 """The module the child process runs: ``python -m laminar_conformance._spark_child FILE``."""
@@ -133,6 +139,9 @@ class SparkPipeline:
     :param transform: the stage between source and sink, if any.
     :param master: the Spark master URL.
     :param timeout_s: how long the query may run.
+    :param epoch_writer_kills: where the epoch writer (a one-instance sink's, see
+        :data:`~laminar_sdk.faults.KILL_EPOCH_WRITER_VARIABLE`) kills itself, as that
+        variable takes them; ``""``: nowhere.
     """
 
     source: str
@@ -145,6 +154,7 @@ class SparkPipeline:
     transform: IdsTransform | None = None
     master: str = "local[2]"
     timeout_s: float = 300.0
+    epoch_writer_kills: str = ""
 
     def to_json(self) -> str:
         """The pipeline as JSON, for the child process."""
@@ -176,6 +186,8 @@ class ChildRun:
     :param timed_out: whether the kit killed the child for running too long.
     :param stopped: why the kit killed the child before its end, certain it had failed (see
         :meth:`RunningChild.wait`), or ``""``.
+    :param writer_kills: what the epoch writer recorded before it killed itself (the
+        pipeline goes on without it).
     """
 
     returncode: int
@@ -184,6 +196,7 @@ class ChildRun:
     seconds: float
     timed_out: bool = False
     stopped: str = ""
+    writer_kills: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def crashed(self) -> bool:
@@ -239,16 +252,20 @@ class RunningChild:
         self._spec = spec = directory / f"{name}.json"
         self._log = directory / f"{name}.log"
         self._record = directory / f"{name}.crash"
+        self._writer_kills = directory / f"{name}.writer-kills"
         self._crash = crash
         self._temporary = directory / f"{name}.tmp"
         self._timeout_s = pipeline.timeout_s + 120
         spec.write_text(pipeline.to_json(), encoding="utf-8")
+        self._writer_kills.write_text(pipeline.epoch_writer_kills)
         self._record.unlink(missing_ok=True)
         shutil.rmtree(self._temporary, ignore_errors=True)
         self._temporary.mkdir()
         environment = spark_temporary_files_in(self._temporary, faulthandler_on(os.environ))
         environment.pop(CRASH_AT_VARIABLE, None)
         environment[CRASH_RECORD_VARIABLE] = str(self._record)
+        # A file, so that a child started standing by is given its pipeline's kills later.
+        environment[KILL_EPOCH_WRITER_VARIABLE] = f"{CRASH_AT_FILE_PREFIX}{self._writer_kills}"
         if SPARK_PYTHON_VARIABLE in environment:
             environment["PYSPARK_PYTHON"] = spark_python()  # its workers too
         if standby:
@@ -299,6 +316,7 @@ class RunningChild:
             self._crash = crash
         if pipeline is not None:
             self._spec.write_text(pipeline.to_json(), encoding="utf-8")
+            self._writer_kills.write_text(pipeline.epoch_writer_kills)
             self._timeout_s = pipeline.timeout_s + 120
         point = _crash_point(self._crash)
         order = f"{RELEASE} {point}\n" if point else f"{RELEASE}\n"
@@ -345,12 +363,14 @@ class RunningChild:
         finally:
             _kill_group(self._process.pid)  # Python workers orphaned by a killed JVM, if any
             shutil.rmtree(self._temporary, ignore_errors=True)  # what a killed JVM left
-        crashes: tuple[Mapping[str, Any], ...] = ()
+        recorded: tuple[Mapping[str, Any], ...] = ()
         if self._record.exists():
             lines = self._record.read_text(encoding="utf-8").splitlines()
-            crashes = tuple(json.loads(line) for line in lines if line.strip())
+            recorded = tuple(json.loads(line) for line in lines if line.strip())
+        crashes = tuple(kill for kill in recorded if kill.get("at") != EPOCH_WRITER_KILLED)
+        writer_kills = tuple(kill for kill in recorded if kill.get("at") == EPOCH_WRITER_KILLED)
         seconds = time.monotonic() - self._started
-        return ChildRun(returncode, crashes, self._log, seconds, timed_out, stopped)
+        return ChildRun(returncode, crashes, self._log, seconds, timed_out, stopped, writer_kills)
 
 
 def start_child(

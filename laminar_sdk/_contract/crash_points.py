@@ -52,7 +52,8 @@ KILL_EPOCH_WRITER_VARIABLE = "LAMINAR_SPARK_KILL_EPOCH_WRITER"
 one-instance sink's micro-batches while their tasks run) SIGKILLs itself, and only itself, at
 each of these steps between two calls (``write``, ``pre-commit``, ``manifest``, ``commit``,
 ``committed-manifest``, ``done``): the commit waiting for it must finish the micro-batch
-without it, exactly once."""
+without it, exactly once. Or ``@FILE``: the steps are the content of ``FILE``, read at each
+micro-batch (none while it is missing or empty)."""
 
 CrashPointInjector = Callable[[str], None]
 """Called with the name of each crash point reached; raising from it crashes the caller there."""
