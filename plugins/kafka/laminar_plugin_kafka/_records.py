@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,44 +42,96 @@ def source_schema(value_schema: pa.Schema | None) -> pa.Schema:
     )
 
 
+@dataclass(slots=True)
+class RecordFields:
+    """Records of one partition, in offset order, held field by field.
+
+    The fields are read from the client's messages a run of one partition at a time, with one
+    ``map`` per field (the cheapest way to call a method of each), and the messages are then
+    dropped: held in large numbers, they outlive the garbage collector's young generation (700
+    allocations) and each full collection walks every one of them, while the bytes and ints
+    kept here are not tracked at all.
+    """
+
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    offsets: list[int | None] = field(default_factory=list)
+    timestamp_types: list[int] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    headers: list[_Headers | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def extend(self, messages: Sequence[Message]) -> None:
+        """Add ``messages`` (records of this partition, no events) after the records held."""
+        self.keys.extend(map(Message.key, messages))
+        self.values.extend(map(Message.value, messages))
+        self.offsets.extend(map(Message.offset, messages))
+        stamps = list(map(Message.timestamp, messages))
+        self.timestamp_types.extend(map(_TYPE, stamps))
+        self.timestamps.extend(map(_MILLISECONDS, stamps))
+        self.headers.extend(map(Message.headers, messages))
+
+    def first(self, count: int) -> RecordFields:
+        """The first ``count`` records (all of them, when there are fewer); they stay held."""
+        if count >= len(self):
+            return RecordFields(*self._columns())
+        return RecordFields(*(column[:count] for column in self._columns()))
+
+    def drop_first(self, count: int) -> None:
+        """Forget the first ``count`` records (a :meth:`first` taken before keeps them)."""
+        if count < len(self):
+            for column in self._columns():
+                del column[:count]
+            return
+        for each in fields(self):  # new lists: the old ones may be a first()'s
+            setattr(self, each.name, [])
+
+    def _columns(self) -> list[list[Any]]:
+        return [getattr(self, column.name) for column in fields(self)]
+
+
+_TYPE = operator.itemgetter(0)
+_MILLISECONDS = operator.itemgetter(1)
+
+
 def records_batch(
     connector: str,
-    messages: Sequence[Message],
+    records: RecordFields,
     schema: pa.Schema,
     value_schema: pa.Schema | None,
     partition: tuple[str, int],
 ) -> pa.RecordBatch:
-    """``messages`` (records of ``partition``, no events) as one batch of ``schema``.
+    """``records`` (of ``partition``) as one batch of ``schema``, built column by column.
 
-    Built column by column. Each field is read with one ``map`` over the messages (the
-    cheapest way to call a method of each), and ``topic`` and ``partition``, the same in
-    every row, are filled without reading them from each message.
+    Each column is made by one pyarrow call over a field's list; ``topic`` and ``partition``,
+    the same in every row, are filled without a list.
 
-    :param partition: the topic and partition every one of ``messages`` comes from.
+    :param partition: the topic and partition every one of ``records`` comes from.
     :raises SerdeError: when a value is not a JSON object of ``value_schema``, naming it.
     """
-    count = len(messages)
-    raw_values = list(map(Message.value, messages))
+    count = len(records)
     values = (
-        binary_array(raw_values)
+        binary_array(records.values)
         if value_schema is None
-        else _decoded_values(connector, messages, raw_values, value_schema)
+        else _decoded_values(connector, records, value_schema, partition)
     )
     topic, number = partition
+    stamps: list[int | None] | list[int] = records.timestamps
+    if TIMESTAMP_NOT_AVAILABLE in records.timestamp_types:
+        stamps = [
+            None if kind == TIMESTAMP_NOT_AVAILABLE else ms
+            for kind, ms in zip(records.timestamp_types, records.timestamps, strict=True)
+        ]
     columns = [
-        binary_array(list(map(Message.key, messages))),
+        binary_array(records.keys),
         values,
         pa.repeat(pa.scalar(topic, pa.string()), count),
         pa.repeat(pa.scalar(number, pa.int32()), count),
-        pa.array(list(map(Message.offset, messages)), pa.int64()),
-        pa.array(
-            [
-                None if kind == TIMESTAMP_NOT_AVAILABLE else ms
-                for kind, ms in map(Message.timestamp, messages)
-            ],
-            pa.timestamp("ms", tz="UTC"),
-        ).cast(pa.timestamp("us", tz="UTC")),
-        _headers(list(map(Message.headers, messages))),
+        pa.array(records.offsets, pa.int64()),
+        pa.array(stamps, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+        _headers(records.headers),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
@@ -93,9 +146,13 @@ def binary_array(values: list[bytes | None]) -> pa.Array:
     ``pa.array`` appends the values one at a time to a growing buffer: for a fetch of 1-KiB
     values, most of a poll's time. Joined, the data is one copy, and the offsets are the
     running sum of the lengths. With a null among the values (a tombstone, a record without
-    a key), or more data than 32-bit offsets reach, ``pa.array`` builds it.
+    a key), or more data than 32-bit offsets reach, ``pa.array`` builds it; all null (no
+    record has a key), ``pa.nulls``.
     """
-    if values.count(None):
+    nulls = values.count(None)
+    if nulls == len(values):
+        return pa.nulls(nulls, pa.binary())
+    if nulls:
         return pa.array(values, pa.binary())
     present = cast("list[bytes]", values)
     data = b"".join(present)
@@ -143,12 +200,10 @@ def _parse_json(data: bytes, value_schema: pa.Schema, multiline: bool) -> pa.Tab
 
 
 def _decoded_values(
-    connector: str,
-    messages: Sequence[Message],
-    raw_values: list[bytes | None],
-    value_schema: pa.Schema,
+    connector: str, records: RecordFields, value_schema: pa.Schema, partition: tuple[str, int]
 ) -> pa.Array:
     """The values decoded as JSON objects in one pass over all of them; null stays null."""
+    raw_values = records.values
     value_type = pa.struct(list(value_schema))
     present = [value for value in raw_values if value is not None]
     if not present:
@@ -159,7 +214,7 @@ def _decoded_values(
     except pa.ArrowInvalid:
         table = None
     if table is None or table.num_rows != len(present):
-        _raise_for_bad_value(connector, messages, value_schema)
+        _raise_for_bad_value(connector, records, value_schema, partition)
     assert table is not None
     structs = table.to_struct_array().combine_chunks().cast(value_type)
     if len(present) == len(raw_values):
@@ -174,10 +229,10 @@ def _decoded_values(
 
 
 def _raise_for_bad_value(
-    connector: str, messages: Sequence[Message], value_schema: pa.Schema
+    connector: str, records: RecordFields, value_schema: pa.Schema, partition: tuple[str, int]
 ) -> None:
-    for message in messages:
-        value = message.value()
+    topic, number = partition
+    for value, offset in zip(records.values, records.offsets, strict=True):
         if value is None:
             continue
         try:
@@ -187,12 +242,12 @@ def _raise_for_bad_value(
             rows, reason = 0, str(error)
         if rows != 1:
             raise SerdeError(
-                f"{connector}: the value of {message.topic()}/{message.partition()} at offset "
-                f"{message.offset()} is not one JSON object of value.schema ({reason}); fix "
+                f"{connector}: the value of {topic}/{number} at offset "
+                f"{offset} is not one JSON object of value.schema ({reason}); fix "
                 "the producer, or read the topic with value.format=bytes"
             )
     raise SerdeError(
-        f"{connector}: the values of {len(messages)} records decode one by one but not "
+        f"{connector}: the values of {len(records)} records decode one by one but not "
         "together as JSON objects of value.schema; read the topic with value.format=bytes"
     )
 

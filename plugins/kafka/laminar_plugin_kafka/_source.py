@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import operator
 import threading
 import time
 import uuid
@@ -58,15 +60,23 @@ from laminar_plugin_kafka._client import (
     require_topic,
 )
 from laminar_plugin_kafka._config import SOURCE_KEYS, SOURCE_NAME, SourceSettings, source_settings
-from laminar_plugin_kafka._records import records_batch, source_schema
+from laminar_plugin_kafka._records import RecordFields, records_batch, source_schema
 
 logger = logging.getLogger("laminar_plugin_kafka")
 
 _FETCH_WAIT_S = 0.05  # one consume() call's wait; poll_batch loops until poll.timeout.ms
 _DISCOVERY_INTERVAL_S = 1.0
 """How often a source that has read every assigned partition to its end looks for new ones."""
-_RANGE_SLICE = 500  # records taken from the client at a time by read_range (see _range_batches)
-_CONSUMER_DEFAULTS = {"fetch.wait.max.ms": 100}  # librdkafka's 500 ms delays every EOF
+_SLICE = 500
+"""Messages taken from the client at a time: fewer than the garbage collector's young
+generation holds (700 allocations), so that they die young (see :class:`RecordFields`)."""
+_CONSUMER_DEFAULTS = {
+    "fetch.wait.max.ms": 100,  # librdkafka's 500 ms delays every EOF
+    # Once the client holds queued.min.messages (or queued.max.messages.kbytes) fetched
+    # messages, it fetches again only after this wait: librdkafka's 1 s leaves a reader that
+    # empties 64 MiB in well under a second idle most of the time.
+    "fetch.queue.backoff.ms": 10,
+}
 _SUBSCRIBER_DEFAULTS = {
     **_CONSUMER_DEFAULTS,
     # The group sees a topic's new partitions at the consumer's next metadata refresh:
@@ -143,7 +153,7 @@ class _Reader:
     assigned: set[PartitionKey] = field(default_factory=set)
     started: bool = False
     next: dict[PartitionKey, int] = field(default_factory=dict)
-    buffers: dict[PartitionKey, list[Message]] = field(default_factory=dict)
+    buffers: dict[PartitionKey, RecordFields] = field(default_factory=dict)
     pending_end: dict[PartitionKey, int] = field(default_factory=dict)
     at_end: set[PartitionKey] = field(default_factory=set)
     last_returned: PartitionKey | None = None
@@ -277,10 +287,7 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         deadline = time.monotonic() + reader.settings.poll_timeout_s
         await self._start(reader)
         while True:
-            messages = await asyncio.to_thread(
-                consume_ready, reader.consumer, reader.settings.batch_size, _FETCH_WAIT_S
-            )
-            self._absorb(reader, messages)
+            await asyncio.to_thread(self._fetch_ready, reader)
             if not reader.has_buffered() and await self._assign_new_partitions(reader):
                 continue
             done = reader.has_buffered() or reader.assigned <= reader.at_end
@@ -316,57 +323,96 @@ class KafkaSource(SourceConnector, RangeReadableSource):
         reader.assigned.update(new)
         return True
 
-    def _absorb(self, reader: _Reader, messages: list[Message]) -> None:
-        """File fetched records by partition; note where partitions ended.
+    def _fetch_ready(self, reader: _Reader) -> None:
+        """File what the client has fetched, up to ``batch.size`` messages.
 
-        A fetch returns runs of records of one partition: what is done once per partition
-        (is it still assigned, it is no longer at its end) is done once per run.
+        Waits up to :data:`_FETCH_WAIT_S` for the first message; the rest come without
+        waiting, :data:`_SLICE` at a time, each slice filed before the next is taken.
+        Blocking: call it in a worker thread.
         """
-        run_key: tuple[str, int] | None = None
-        run: list[Message] | None = None  # the buffer of run_key; None: not assigned
-        for message in messages:
-            key = (message.topic() or "", message.partition() or 0)
-            error = message.error()
-            if error is None:
-                if key != run_key:
-                    run_key, run = key, None
-                    if key in reader.assigned:  # else fetched before a rebalance took it away
-                        run = reader.buffers.setdefault(key, [])
-                        reader.at_end.discard(key)
-                        reader.pending_end.pop(key, None)
-                if run is not None:
-                    run.append(message)
-                continue
-            run_key = None  # an event between records: the next record starts a run anew
-            if key not in reader.assigned:
-                continue  # fetched before a rebalance took the partition away
-            if error.code() == KafkaError._PARTITION_EOF:
-                end = message.offset() or 0
-                reader.at_end.add(key)
-                if reader.buffers.get(key):
-                    reader.pending_end[key] = end
-                elif key in reader.next or end > 0:
-                    # Offsets before the end hold no record to return (transaction markers,
-                    # aborted records): resuming at the end skips nothing. (An empty partition
-                    # read from offset 0 stays out of the checkpoint, as plan_end leaves it.)
-                    reader.next[key] = max(reader.next.get(key, end), end)
+        limit = reader.settings.batch_size
+        asked = min(_SLICE, limit)
+        taken = self._absorb(reader, consume_ready(reader.consumer, asked, _FETCH_WAIT_S))
+        got = taken
+        while got == asked and taken < limit:
+            asked = min(_SLICE, limit - taken)
+            got = self._absorb(reader, reader.consumer.consume(asked, 0))
+            taken += got
+
+    def _absorb(self, reader: _Reader, messages: list[Message]) -> int:
+        """File fetched records by partition; note where partitions ended. How many there were.
+
+        A fetch returns runs of records of one partition (often only one run): the records
+        of a run are filed together, field by field, with no Python step per record.
+        """
+        count = len(messages)
+        if not count:
+            return 0
+        topics = list(map(Message.topic, messages))
+        numbers = list(map(Message.partition, messages))
+        # By identity: KafkaError == None leaves a TypeError set in confluent-kafka.
+        events = list(map(operator.is_not, map(Message.error, messages), itertools.repeat(None)))
+        if not any(events) and count == topics.count(topics[0]) == numbers.count(numbers[0]):
+            self._file(reader, (topics[0] or "", numbers[0] or 0), messages)
+            return count
+        start = 0
+        runs = itertools.groupby(zip(topics, numbers, events, strict=True))
+        for (topic, number, event), run in runs:
+            stop = start + len(list(run))
+            key = (topic or "", number or 0)
+            if not event:
+                self._file(reader, key, messages[start:stop])
             else:
-                self._errors_total += 1
-                raise_for_consumer_error(reader.settings.client, error, key)
+                for message in messages[start:stop]:
+                    self._note_event(reader, key, message)
+            start = stop
+        return count
+
+    @staticmethod
+    def _file(reader: _Reader, key: PartitionKey, messages: list[Message]) -> None:
+        """Buffer ``messages``, records of ``key``: it is no longer at its end."""
+        if key not in reader.assigned:
+            return  # fetched before a rebalance took the partition away
+        reader.at_end.discard(key)
+        reader.pending_end.pop(key, None)
+        buffered = reader.buffers.get(key)
+        if buffered is None:
+            buffered = reader.buffers[key] = RecordFields()
+        buffered.extend(messages)
+
+    def _note_event(self, reader: _Reader, key: PartitionKey, message: Message) -> None:
+        """Note the end of ``key`` reported by ``message``, or raise for its error."""
+        if key not in reader.assigned:
+            return  # fetched before a rebalance took the partition away
+        error = message.error()
+        assert error is not None  # _absorb hands over events only
+        if error.code() == KafkaError._PARTITION_EOF:
+            end = message.offset() or 0
+            reader.at_end.add(key)
+            if reader.buffers.get(key):
+                reader.pending_end[key] = end
+            elif key in reader.next or end > 0:
+                # Offsets before the end hold no record to return (transaction markers,
+                # aborted records): resuming at the end skips nothing. (An empty partition
+                # read from offset 0 stays out of the checkpoint, as plan_end leaves it.)
+                reader.next[key] = max(reader.next.get(key, end), end)
+        else:
+            self._errors_total += 1
+            raise_for_consumer_error(reader.settings.client, error, key)
 
     def _take(self, reader: _Reader, max_records: int) -> SourceBatch | None:
-        ready = sorted(key for key, messages in reader.buffers.items() if messages)
+        ready = sorted(key for key, records in reader.buffers.items() if records)
         if not ready:
             return None
         last = reader.last_returned
         key = next((k for k in ready if last is None or k > last), ready[0])
         pending = reader.buffers[key]
-        messages = pending[:max_records]
+        records = pending.first(max_records)
         batch = records_batch(
-            SOURCE_NAME, messages, reader.schema, reader.settings.value_schema, key
+            SOURCE_NAME, records, reader.schema, reader.settings.value_schema, key
         )
-        del pending[:max_records]
-        reader.next[key] = (messages[-1].offset() or 0) + 1
+        pending.drop_first(max_records)
+        reader.next[key] = (records.offsets[-1] or 0) + 1
         if not pending and key in reader.pending_end:
             reader.next[key] = max(reader.next[key], reader.pending_end.pop(key))
         reader.last_returned = key
@@ -386,13 +432,7 @@ class KafkaSource(SourceConnector, RangeReadableSource):
                 if not reader.has_buffered():
                     try:
                         await self._start(reader)
-                        messages = await asyncio.to_thread(
-                            consume_ready,
-                            reader.consumer,
-                            reader.settings.batch_size,
-                            _FETCH_WAIT_S,
-                        )
-                        self._absorb(reader, messages)
+                        await asyncio.to_thread(self._fetch_ready, reader)
                         await self._assign_new_partitions(reader)
                     except (LaminarError, KafkaException, RuntimeError) as error:
                         reader.failure = error  # raised by the next poll_batch
@@ -644,27 +684,21 @@ def _range_batches(
 ) -> Iterator[pa.RecordBatch]:
     """Batches of up to ``batch.size`` records of ``key`` from ``first`` to before ``end``.
 
-    Blocking: call it in a worker thread. The records are taken from the client a few
-    hundred at a time and turned into Arrow at once, so that the client's message objects
-    die young: held in large numbers, they outlive the garbage collector's young generation
-    (700 allocations) and each full collection then walks every one of them.
+    Blocking: call it in a worker thread. The records are taken from the client
+    :data:`_SLICE` at a time and held field by field (see :class:`RecordFields`); each batch
+    is built from those fields at once.
     """
     settings = reader.settings
-    chunks = read_until(
-        settings.client, consumer, {key: first}, {key: end}, batch_size=_RANGE_SLICE
-    )
-    pending: list[pa.RecordBatch] = []
-    rows = 0
+    chunks = read_until(settings.client, consumer, {key: first}, {key: end}, batch_size=_SLICE)
+    pending = RecordFields()
     for chunk in chunks:
-        pending.append(records_batch(SOURCE_NAME, chunk, reader.schema, settings.value_schema, key))
-        rows += len(chunk)
-        while rows >= settings.batch_size:
-            whole = pa.concat_batches(pending) if len(pending) > 1 else pending[0]
-            yield whole.slice(0, settings.batch_size)
-            rest = whole.slice(settings.batch_size)
-            pending, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+        pending.extend(chunk)
+        while len(pending) >= settings.batch_size:
+            records = pending.first(settings.batch_size)
+            pending.drop_first(settings.batch_size)
+            yield records_batch(SOURCE_NAME, records, reader.schema, settings.value_schema, key)
     if pending:
-        yield pa.concat_batches(pending) if len(pending) > 1 else pending[0]
+        yield records_batch(SOURCE_NAME, pending, reader.schema, settings.value_schema, key)
 
 
 def _resolve_latest(reader: _Reader) -> None:
