@@ -1,6 +1,8 @@
 """Connections, and psycopg's errors turned into the SDK's, without secrets.
 
-Every connection of the connectors is a :class:`Session`. A session that is dropped without
+Every connection of the connectors is a :class:`Session` (psycopg), or an :class:`ArrowSession`
+(ADBC), which the keyset source reads rows with: binary ``COPY`` straight into Arrow. A session
+that is dropped without
 being closed — a connector instance abandoned by a crash, as the conformance kit simulates one
 — closes its connection at once, as the operating system would for a killed process: the
 server then aborts its open transaction and releases its locks (a prepared transaction stays,
@@ -8,7 +10,7 @@ as it must).
 
 A connector call whose connections carry nothing either way for ``network.timeout.s``
 (:func:`bounded_by_network_timeout`) has its sessions' sockets shut down, which ends whatever
-waits on them — psycopg's own waits and the COPY reader's thread alike — and fails with a
+waits on them — psycopg's own waits and ADBC's reading threads alike — and fails with a
 retriable :class:`~laminar_sdk.ConnectionFailed` naming the server. A connection
 that went silent (a dead router, a partition, a blackholing firewall) otherwise blocks a call
 forever: TCP keeps a connection whose peer stopped answering open for hours.
@@ -20,16 +22,18 @@ import asyncio
 import contextlib
 import functools
 import os
-import select
 import socket
 import struct
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+import adbc_driver_manager as adbc
+import adbc_driver_postgresql
 import psycopg
+import pyarrow as pa
 from laminar_sdk import ConnectionFailed, ConnectorError, TransactionError, WriteError
-from psycopg import pq, sql
+from psycopg import sql
 
 from laminar_plugin_postgres._config import ConnectionSettings, TableName
 
@@ -67,15 +71,19 @@ class Session:
         """Close the connection (an open transaction is rolled back by the server)."""
         await self.connection.close()
 
+    def fileno(self) -> int:
+        """The connection's socket.
+
+        :raises psycopg.Error: when the connection is closed.
+        """
+        return self.connection.pgconn.socket
+
     def cut(self) -> None:
         """Shut the socket down: every wait on it ends at once, as when the peer closed it.
 
         The descriptor stays open (psycopg still watches it); the connection is broken.
         """
-        with contextlib.suppress(psycopg.Error, OSError):
-            duplicate = socket.socket(fileno=os.dup(self.connection.pgconn.socket))
-            with duplicate:
-                duplicate.shutdown(socket.SHUT_RDWR)
+        _shut_down(self)
 
 
 async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> Session:
@@ -94,11 +102,7 @@ async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> 
             settings.dsn, autocommit=autocommit, **extra
         )
     except psycopg.Error as error:
-        raise ConnectionFailed(
-            f"{settings.connector}: cannot connect with dsn {settings.dsn!r}: "
-            f"{settings.scrub(_first_line(error))}; check dsn, the password (password.env, "
-            "password.file, or libpq's PGPASSWORD and passfile) and that the server runs"
-        ) from None
+        raise _cannot_connect(settings, error) from None
     session = Session(connection, settings)
     settings.sessions.add(session)
     try:
@@ -109,6 +113,15 @@ async def connect(settings: ConnectionSettings, *, autocommit: bool = False) -> 
         await connection.close()
         raise failure(settings, "set up the session", error) from None
     return session
+
+
+def _cannot_connect(settings: ConnectionSettings, error: Exception) -> ConnectionFailed:
+    return ConnectionFailed(
+        f"{settings.connector}: cannot connect with dsn {settings.dsn!r}: "
+        f"{settings.scrub(_first_line(error).removeprefix('IO: [libpq] '))}; check dsn, the "
+        "password (password.env, password.file, or libpq's PGPASSWORD and passfile) and that "
+        "the server runs"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -159,16 +172,29 @@ _TCP_INFO_SIZE = 104
 _LAST_DATA_SENT, _LAST_DATA_RECEIVED = 44, 52  # offsets of two u32 of Linux's struct tcp_info
 
 
-def silent_for_s(session: Session) -> float | None:
+class _Watched(Protocol):
+    def fileno(self) -> int: ...
+
+
+def _shut_down(session: _Watched) -> None:
+    """Shut ``session``'s socket down (through a duplicate: the owner keeps its descriptor)."""
+    with (
+        contextlib.suppress(psycopg.Error, adbc.Error, OSError),
+        socket.socket(fileno=os.dup(session.fileno())) as duplicate,
+    ):
+        duplicate.shutdown(socket.SHUT_RDWR)
+
+
+def silent_for_s(session: _Watched) -> float | None:
     """How long the session's TCP connection has sent and received nothing, by the kernel.
 
     ``None`` when it cannot tell: not TCP (a Unix socket), no ``TCP_INFO`` (not Linux), or a
     closed connection.
     """
     try:
-        with socket.socket(fileno=os.dup(session.connection.pgconn.socket)) as duplicate:
+        with socket.socket(fileno=os.dup(session.fileno())) as duplicate:
             info = duplicate.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_SIZE)
-    except (psycopg.Error, OSError, AttributeError):
+    except (psycopg.Error, adbc.Error, OSError, AttributeError):
         return None
     if len(info) < _LAST_DATA_RECEIVED + 4:
         return None
@@ -249,62 +275,183 @@ def qualified(table: TableName) -> sql.Composed:
     return sql.SQL("{}.{}").format(sql.Identifier(table.schema), sql.Identifier(table.name))
 
 
-_WAIT_S = 1.0  # how long one wait for the server's next bytes lasts before checking again
+class ArrowSession:
+    """A connection that reads query results as Arrow batches (ADBC's PostgreSQL driver).
 
-
-async def copy_out(session: Session, query: sql.Composable) -> bytes:
-    """The whole output of ``COPY (...) TO STDOUT``, read straight from libpq in a thread.
-
-    psycopg hands COPY output over one row per call, each through its asyncio machinery
-    (5 to 9 µs a row here: a million rows took 9 s); this reads libpq's buffer in a tight
-    loop instead, with the connection locked for psycopg meanwhile.
-
-    :raises psycopg.Error: as psycopg would (the server's error, or a lost connection).
+    The driver sends a query without parameters as ``COPY (query) TO STDOUT (FORMAT binary)``
+    and decodes the rows straight into Arrow, in C; values are bound into the query as
+    literals (psycopg's :class:`~psycopg.sql.Literal`, quoted for ``quoting``'s connection).
+    Its socket is found among the process's (:meth:`watch_socket`), so that
+    :func:`answered_within` watches it and can cut it like a :class:`Session`'s. Open with
+    :func:`connect_arrow`.
     """
-    statement = query.as_bytes(session.connection)
-    async with session.connection.lock:
-        return await asyncio.to_thread(_copy_out, session.connection.pgconn, statement)
+
+    def __init__(
+        self,
+        database: adbc.AdbcDatabase,
+        connection: adbc.AdbcConnection,
+        settings: ConnectionSettings,
+        quoting: psycopg.AsyncConnection[Any],
+    ) -> None:
+        self.settings = settings
+        self._database = database
+        self._connection = connection
+        self._quoting = quoting
+        self._socket: int | None = None
+        weakref.finalize(self, _close_adbc, connection, database)
+
+    def fileno(self) -> int:
+        """The connection's socket.
+
+        :raises OSError: when it is unknown (a Unix socket) or the session is closed.
+        """
+        if self._socket is None:
+            raise OSError("the socket of this ADBC connection is not known")
+        return self._socket
+
+    def cut(self) -> None:
+        """Shut the socket down: a read waiting on it fails at once."""
+        _shut_down(self)
+
+    @contextlib.contextmanager
+    def batches(self, query: sql.Composable) -> Iterator[pa.RecordBatchReader]:
+        """Start ``query`` (blocks); its rows as they arrive, readable until the block ends.
+
+        Read the reader in a thread: it blocks too.
+
+        :raises adbc.Error: when the server refuses the query or the connection is lost.
+        """
+        statement = adbc.AdbcStatement(self._connection)
+        try:
+            statement.set_sql_query(query.as_string(self._quoting))
+            stream, _ = statement.execute_query()
+            reader: pa.RecordBatchReader = pa.RecordBatchReader._import_from_c(stream.address)
+            with reader:
+                yield reader
+        finally:
+            statement.close()
+
+    def read_all(self, query: sql.Composable) -> pa.Table:
+        """All rows of ``query`` (blocks).
+
+        :raises adbc.Error: when the server refuses the query or the connection is lost.
+        :raises pyarrow.ArrowException: when it is lost while the rows arrive.
+        """
+        with self.batches(query) as reader:
+            return reader.read_all()
+
+    def execute(self, statement_text: str) -> None:
+        """Run a statement without a result (``SET``), blocking."""
+        statement = adbc.AdbcStatement(self._connection)
+        try:
+            statement.set_sql_query(statement_text)
+            statement.execute_update()
+        finally:
+            statement.close()
+
+    async def close(self) -> None:
+        """Close the connection."""
+        self._socket = None
+        await asyncio.to_thread(_close_adbc, self._connection, self._database)
+
+    def watch_socket(self, before: set[int]) -> None:
+        """Find the connection's TCP socket: opened since ``before``, to the dsn's port.
+
+        :param before: this process's socket descriptors before the connection was made.
+        """
+        port = int(psycopg.conninfo.conninfo_to_dict(self.settings.dsn).get("port") or 5432)
+        for descriptor in _sockets() - before:
+            with (
+                contextlib.suppress(OSError, ValueError, IndexError),
+                socket.socket(fileno=os.dup(descriptor)) as candidate,
+            ):
+                tcp = candidate.family in (socket.AF_INET, socket.AF_INET6)
+                if tcp and candidate.getpeername()[1] == port:
+                    self._socket = descriptor
+                    return
 
 
-def _copy_out(pgconn: pq.abc.PGconn, statement: bytes) -> bytes:
-    pgconn.send_query(statement)
-    while True:
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            break
-        select.select([pgconn.socket], [], [], _WAIT_S)
-    result = pgconn.get_result()
-    if result is None or result.status != pq.ExecStatus.COPY_OUT:
-        _finish(pgconn)
-        raise _result_error(result)
-    parts: list[bytes] = []
-    while True:
-        size, data = pgconn.get_copy_data(1)
-        if size > 0:
-            parts.append(bytes(data))
-        elif size == 0:
-            select.select([pgconn.socket], [], [], _WAIT_S)
-            pgconn.consume_input()
-        else:
-            break
-    final = _finish(pgconn)
-    if final is not None and final.status != pq.ExecStatus.COMMAND_OK:
-        raise _result_error(final)
-    return b"".join(parts)
+def _sockets() -> set[int]:
+    """This process's socket descriptors (none where ``/proc`` does not tell)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                    found.add(int(name))
+    return found
 
 
-def _finish(pgconn: pq.abc.PGconn) -> pq.abc.PGresult | None:
-    """Read the results left, returning the first (libpq needs them all read)."""
-    first = pgconn.get_result()
-    while pgconn.get_result() is not None:
-        pass
-    return first
+def _close_adbc(connection: adbc.AdbcConnection, database: adbc.AdbcDatabase) -> None:
+    # A statement left open (an abandoned read) keeps them: they close when it is collected.
+    with contextlib.suppress(adbc.Error, RuntimeError):
+        connection.close()
+        database.close()
 
 
-def _result_error(result: pq.abc.PGresult | None) -> psycopg.Error:
-    if result is None:
-        return psycopg.OperationalError("the server returned no result")
-    state = result.error_field(pq.DiagnosticField.SQLSTATE)
-    message = (result.error_message or b"").decode(errors="replace").strip()
-    kind = psycopg.errors.lookup(state.decode()) if state else psycopg.OperationalError
-    return kind(message)
+async def connect_arrow(settings: ConnectionSettings, quoting: Session) -> ArrowSession:
+    """A new :class:`ArrowSession`, in UTC and ISO date style, made like :func:`connect`'s.
+
+    TCP keepalives end a read from a server that went away within about
+    ``network.timeout.s``, also where no call watches the connection.
+
+    :param quoting: the psycopg session whose quoting renders the queries' literals.
+    :raises ConnectionFailed: when the server cannot be reached or refuses the login, with
+        libpq's reason and never the password.
+    """
+    password = settings.password()
+    idle = max(1, settings.network_timeout_s // 3)
+    options: dict[str, Any] = {
+        "connect_timeout": settings.connect_timeout_s,
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": idle,
+        "keepalives_count": 2,
+    }
+    if password is not None:
+        options["password"] = password
+    conninfo = psycopg.conninfo.make_conninfo(settings.dsn, **options)
+
+    def opened() -> ArrowSession:
+        before = _sockets()
+        database = adbc_driver_postgresql.connect(conninfo)
+        try:
+            connection = adbc.AdbcConnection(database)
+        except BaseException:
+            database.close()
+            raise
+        session = ArrowSession(database, connection, settings, quoting.connection)
+        session.execute(_SESSION_SETTINGS)
+        session.watch_socket(before)
+        return session
+
+    try:
+        session = await asyncio.to_thread(opened)
+    except adbc.Error as error:
+        raise _cannot_connect(settings, error) from None
+    settings.sessions.add(session)
+    return session
+
+
+def arrow_failure(
+    settings: ConnectionSettings,
+    action: str,
+    error: adbc.Error | pa.ArrowException,
+    kind: Callable[[str], ConnectorError],
+) -> ConnectorError:
+    """:func:`failure` for an error of an :class:`ArrowSession`'s query or of its rows.
+
+    The driver's first line only: the rest repeats the query.
+    """
+    text = _first_line(error)
+    for prefix in ("IO: ", "INVALID_ARGUMENT: ", "NOT_FOUND: ", "UNKNOWN: ", "INTERNAL: "):
+        text = text.removeprefix(prefix)
+    message = settings.scrub(text.split(". SQLSTATE: ")[0])
+    stated = str(error).rpartition("SQLSTATE: ")[2][:5] if "SQLSTATE: " in str(error) else None
+    state = getattr(error, "sqlstate", None) or stated
+    if state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+        return ConnectionFailed(
+            f"{settings.connector}: the connection to {settings.endpoint} was lost while trying "
+            f"to {action}: {message}; the runtime retries"
+        )
+    return kind(f"{settings.connector}: cannot {action}: {message} (SQLSTATE {state})")

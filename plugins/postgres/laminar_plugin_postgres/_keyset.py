@@ -2,9 +2,16 @@
 
 Rows are read in the order of ``key`` — one column (``id`` from a sequence) or several
 (``updated_at, id``) — each query asking for the rows after the last key returned
-(``WHERE (k1, k2) > (last1, last2) ORDER BY k1, k2 LIMIT n``), through ``COPY (SELECT ...) TO
-STDOUT`` and Arrow's CSV reader. The checkpoint holds the last key of each partition, in
-PostgreSQL's text form; restoring it resumes right after that row.
+(``WHERE (k1, k2) > (last1, last2) ORDER BY k1, k2 LIMIT n``). Rows arrive through ADBC's
+PostgreSQL driver — binary ``COPY (SELECT ...) TO STDOUT`` decoded straight into Arrow — with
+the bounds in the query as literals (a query with parameters would not be copied). Columns of
+types the driver decodes as the plugin maps them (integers, floats, booleans, ``bytea``, dates,
+timestamps, ``text``, ``varchar``, ``char``) arrive as they are; the others are selected as
+text and converted as the plugin always did. The checkpoint holds the last key of each
+partition, in PostgreSQL's text form; restoring it resumes right after that row.
+
+A range (:meth:`PostgresKeysetSource.read_range`) is one query on a connection of its own,
+its rows streamed in batches of at most ``batch.size`` rows while the server still sends.
 
 Partitions split the table so that Spark reads them in parallel, each in key order: by hash of
 ``partition.column`` (``partitions=N``), or by ranges of it (``partition.bounds``). A range
@@ -22,11 +29,13 @@ anything else. Updates and deletes of rows already read are not seen either.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
+import adbc_driver_manager as adbc
 import psycopg
 import pyarrow as pa
 from laminar_sdk import (
@@ -49,10 +58,13 @@ from laminar_sdk.reference import Lifecycle
 from psycopg import sql
 
 from laminar_plugin_postgres._client import (
+    ArrowSession,
     Session,
+    answered_within,
+    arrow_failure,
     bounded_by_network_timeout,
     connect,
-    copy_out,
+    connect_arrow,
     failure,
     qualified,
 )
@@ -67,9 +79,23 @@ from laminar_plugin_postgres._config import (
     positive,
 )
 from laminar_plugin_postgres._tables import table_columns
-from laminar_plugin_postgres._values import Column, arrow_schema, from_text, read_csv_as_text
+from laminar_plugin_postgres._values import Column, arrow_schema, check_in_range, from_text
 
 _HASH_MASK = 0x7FFFFFFFFFFFFFFF
+_T = TypeVar("_T")
+
+_DECODED = frozenset(
+    {"int2", "int4", "int8", "float4", "float8", "bool", "bytea", "date", "timestamp"}
+    | {"timestamptz", "text", "varchar", "bpchar"}
+)
+"""Types ADBC's driver decodes as :meth:`Column.arrow_type` maps them; the rest are read as text."""
+
+_HAS_MAX = frozenset(
+    {"int2", "int4", "int8", "float4", "float8", "numeric", "text", "varchar", "bpchar", "date"}
+    | {"timestamp", "timestamptz", "oid"}
+)
+"""Key types whose ``max`` aggregate orders as ``ORDER BY`` does: :func:`_count_after` finds
+the last key of the rows it counts with it, and ``plan_end`` needs no second scan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +180,7 @@ class _Reader:
     last: dict[str, list[str]] = field(default_factory=dict)
     turn: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    arrow: ArrowSession | None = None
 
 
 class PostgresKeysetSource(SourceConnector, RangeReadableSource):
@@ -199,6 +226,8 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
         reader = self._lifecycle.state
         self._lifecycle.close()
         if reader is not None:
+            if reader.arrow is not None:
+                await reader.arrow.close()
             await reader.session.close()
 
     @property
@@ -273,16 +302,17 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
                         offsets[partition_id(index)] = json.dumps(last)
                 return SourceCheckpoint(offsets, start.epoch, start.metadata)
             available: dict[int, int] = {}
+            lasts: dict[int, list[str] | None] = {}
             for index in range(reader.settings.partitions):
-                available[index] = await _count_after(
+                available[index], lasts[index] = await _count_after(
                     reader, index, starts.get(partition_id(index)), max_records
                 )
             for index, count in share_records(available, max_records).items():
+                last = lasts[index] if count == available[index] else None
+                if count and last is None:
+                    last = await _key_at(reader, index, starts.get(partition_id(index)), count)
                 if count:
-                    after = starts.get(partition_id(index))
-                    offsets[partition_id(index)] = json.dumps(
-                        await _key_at(reader, index, after, count)
-                    )
+                    offsets[partition_id(index)] = json.dumps(last)
         return SourceCheckpoint(offsets, start.epoch, start.metadata)
 
     async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
@@ -294,14 +324,27 @@ class PostgresKeysetSource(SourceConnector, RangeReadableSource):
         index = _partition_index(partition_range.partition, reader.settings.partitions)
         after = None if partition_range.start is None else _key(partition_range.start, reader)
         end = _key(partition_range.end, reader)
-        while True:
-            async with reader.lock:
-                batch, last = await _query(reader, index, after, end, reader.settings.batch_size)
-            if batch.num_rows:
-                yield batch
-            if batch.num_rows < reader.settings.batch_size:
-                return
-            after = last
+        settings = reader.settings
+        action = f"read partition {partition_range.partition} of {settings.table}"
+        query = _select(reader, index, after, end, None, with_keys=False)
+        async with answered_within(settings.connection, action):
+            arrow = await connect_arrow(settings.connection, reader.session)
+        try:
+            with contextlib.ExitStack() as statement:
+                async with answered_within(settings.connection, action):
+                    rows = await _arrow_call(
+                        reader, action, lambda: statement.enter_context(arrow.batches(query))
+                    )
+                while True:
+                    async with answered_within(settings.connection, action):
+                        batch = await _arrow_call(reader, action, lambda: _next_batch(rows))
+                    if batch is None:
+                        return
+                    converted = _converted(reader, batch)
+                    for offset in range(0, converted.num_rows, settings.batch_size):
+                        yield converted.slice(offset, settings.batch_size)
+        finally:
+            await arrow.close()
 
     async def health_check(self) -> HealthStatus:
         """Healthy when the server answers."""
@@ -393,6 +436,42 @@ def _where(
     return sql.SQL(" AND ").join(parts)
 
 
+def _select(
+    reader: _Reader,
+    index: int,
+    after: list[str] | None,
+    through: list[str] | None,
+    limit: int | None,
+    *,
+    with_keys: bool,
+) -> sql.Composable:
+    """The rows of partition ``index`` after ``after`` (through ``through``), in key order.
+
+    :param with_keys: add each key column as text (``laminar_key_<i>``), for the checkpoint.
+    """
+    selected: list[sql.Composable] = [
+        sql.Identifier(column.name)
+        if column.element is None and column.type_name in _DECODED
+        else sql.SQL("{0}::text AS {0}").format(sql.Identifier(column.name))
+        for column in reader.read
+    ]
+    if with_keys:
+        selected += [
+            sql.SQL("{}::text AS {}").format(
+                sql.Identifier(column.name), sql.Identifier(f"laminar_key_{position}")
+            )
+            for position, column in enumerate(reader.keys)
+        ]
+    limited = sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(sql.Literal(limit))
+    return sql.SQL("SELECT {select} FROM {table} WHERE {where} ORDER BY {key}{limit}").format(
+        select=sql.SQL(", ").join(selected),
+        table=qualified(reader.settings.table),
+        where=_where(reader, index, after, through),
+        key=sql.SQL(", ").join(sql.Identifier(column.name) for column in reader.keys),
+        limit=limited,
+    )
+
+
 async def _query(
     reader: _Reader, index: int, after: list[str] | None, through: list[str] | None, limit: int
 ) -> tuple[pa.RecordBatch, list[str]]:
@@ -400,61 +479,84 @@ async def _query(
 
     :returns: the rows, and the last row's key (``after`` when there is none).
     """
-    key_names = [f"laminar_key_{i}" for i in range(len(reader.keys))]
-    select = sql.SQL(", ").join(
-        [sql.Identifier(column.name) for column in reader.read]
-        + [
-            sql.SQL("{}::text AS {}").format(sql.Identifier(column.name), sql.Identifier(alias))
-            for column, alias in zip(reader.keys, key_names, strict=True)
-        ]
-    )
-    query = sql.SQL(
-        "COPY (SELECT {select} FROM {table} WHERE {where} ORDER BY {key} LIMIT {limit}) "
-        "TO STDOUT (FORMAT csv)"
-    ).format(
-        select=select,
-        table=qualified(reader.settings.table),
-        where=_where(reader, index, after, through),
-        key=sql.SQL(", ").join(sql.Identifier(column.name) for column in reader.keys),
-        limit=sql.Literal(limit),
-    )
-    try:
-        data = await copy_out(reader.session, query)
-    except psycopg.Error as error:
-        raise failure(
-            reader.settings.connection, f"read {reader.settings.table}", error, ReadError
-        ) from None
-    names = [column.name for column in reader.read] + key_names
-    if not data:
+    settings = reader.settings
+    action = f"read {settings.table}"
+    if reader.arrow is None:
+        reader.arrow = await connect_arrow(settings.connection, reader.session)
+    arrow = reader.arrow
+    query = _select(reader, index, after, through, limit, with_keys=True)
+    table = await _arrow_call(reader, action, lambda: arrow.read_all(query))
+    if not table.num_rows:
         return _empty(reader), after or []
-    batch, last = await asyncio.to_thread(_convert, reader, data, names, key_names)
-    return batch, last
+    (batch,) = table.combine_chunks().to_batches()
+    last = [
+        str(batch.column(f"laminar_key_{position}")[-1].as_py())
+        for position in range(len(reader.keys))
+    ]
+    return await asyncio.to_thread(_converted, reader, batch), last
+
+
+def _next_batch(rows: pa.RecordBatchReader) -> pa.RecordBatch | None:
+    try:
+        return rows.read_next_batch()
+    except StopIteration:
+        return None
+
+
+async def _arrow_call(reader: _Reader, action: str, call: Callable[[], _T]) -> _T:
+    """``call()`` (ADBC's, which blocks) in a thread; its errors as the SDK's."""
+    try:
+        return await asyncio.to_thread(call)
+    except (adbc.Error, pa.ArrowException) as error:
+        raise arrow_failure(reader.settings.connection, action, error, ReadError) from None
 
 
 def _empty(reader: _Reader) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=reader.schema)
 
 
-def _convert(
-    reader: _Reader, data: bytes, names: list[str], key_names: list[str]
-) -> tuple[pa.RecordBatch, list[str]]:
-    text = read_csv_as_text(data, names)
-    arrays = [
-        from_text(text.column(column.name), field.type, column.name)
-        for column, field in zip(reader.read, reader.schema, strict=True)
-    ]
-    last = [str(text.column(name)[-1].as_py()) for name in key_names]
-    return pa.RecordBatch.from_arrays(arrays, schema=reader.schema), last
+def _converted(reader: _Reader, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The columns read of ``batch`` as :attr:`_Reader.schema` has them.
+
+    :raises SerdeError: naming the column of a value that does not convert.
+    """
+    arrays = []
+    for position, (column, wanted) in enumerate(zip(reader.read, reader.schema, strict=True)):
+        values = batch.column(position)
+        if column.element is None and column.type_name in _DECODED:
+            check_in_range(values, column.name)
+            arrays.append(values if values.type.equals(wanted.type) else values.cast(wanted.type))
+        else:
+            arrays.append(from_text(values, wanted.type, column.name))
+    return pa.RecordBatch.from_arrays(arrays, schema=reader.schema)
 
 
 async def _count_after(
-    reader: _Reader, index: int, after: list[str] | None, limit: int | None
-) -> int:
-    bounded = sql.SQL("") if limit is None else sql.SQL(" LIMIT {}").format(sql.Literal(limit))
-    query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE {}{}) AS rows").format(
-        qualified(reader.settings.table), _where(reader, index, after, None), bounded
+    reader: _Reader, index: int, after: list[str] | None, limit: int
+) -> tuple[int, list[str] | None]:
+    """How many rows of partition ``index`` follow ``after`` (at most ``limit``), and more.
+
+    :returns: the count, and the key of the last row counted when the same scan can tell (a
+        one-column key whose type has ``max``), else ``None``.
+    """
+    (key,) = reader.keys if len(reader.keys) == 1 else (None,)
+    last = (
+        sql.SQL("max({})::text").format(sql.Identifier(key.name))
+        if key is not None and key.element is None and key.type_name in _HAS_MAX
+        else sql.SQL("NULL")
     )
-    return int(str((await _rows(reader, query))[0][0]))
+    query = sql.SQL(
+        "SELECT count(*), {last} FROM (SELECT {keys} FROM {table} WHERE {where} ORDER BY {keys} "
+        "LIMIT {limit}) AS rows"
+    ).format(
+        last=last,
+        keys=sql.SQL(", ").join(sql.Identifier(column.name) for column in reader.keys),
+        table=qualified(reader.settings.table),
+        where=_where(reader, index, after, None),
+        limit=sql.Literal(limit),
+    )
+    count, text = (await _rows(reader, query))[0]
+    return int(str(count)), None if text is None else [str(text)]
 
 
 async def _last_key(reader: _Reader, index: int, after: list[str] | None) -> list[str] | None:

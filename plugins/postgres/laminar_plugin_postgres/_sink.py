@@ -3,7 +3,8 @@
 The ``postgres`` sink: exactly once with a marker row
 -----------------------------------------------------
 ``begin_epoch`` reads the sink's marker row and skips an epoch committed before; otherwise it
-opens a transaction, in which ``write_batch`` copies the rows (``COPY ... FROM STDIN``, CSV).
+opens a transaction, in which ``write_batch`` copies the rows (``COPY ... FROM STDIN``, in
+binary where every column's type allows, else CSV: :class:`~._values.CopyFormat`).
 ``pre_commit`` keeps the epoch's batches durably (an Arrow IPC stream in the laminar checkpoint
 location, or ``staging.location``) and leaves the transaction open: nothing is visible yet.
 ``commit_epoch`` upserts the marker row ``(sink_id, '*') → epoch`` in the same transaction and
@@ -113,9 +114,9 @@ from laminar_plugin_postgres._tables import (
     table_columns,
 )
 from laminar_plugin_postgres._values import (
+    CopyFormat,
     arrow_schema,
     check_batch_against_table,
-    copy_csv,
     postgres_type,
 )
 
@@ -255,6 +256,7 @@ class _Writer:
     settings: SinkSettings
     session: Session
     schema: pa.Schema
+    copy_format: CopyFormat
     markers: Markers
     epochs: EpochTracker[_Transaction] = field(default_factory=lambda: EpochTracker(SINK_NAME))
 
@@ -298,7 +300,7 @@ class PostgresSink(SinkConnector):
         settings = sink_settings(config, self._mode)
         session = await connect(settings.connection, autocommit=True)
         try:
-            schema = await _prepare_table(session, settings)
+            schema, copy_format = await _prepare_table(session, settings)
             markers = Markers(settings.marker_table, settings.sink_id)
             if settings.mode is not Mode.UPSERT:
                 await markers.create(session)
@@ -310,7 +312,7 @@ class PostgresSink(SinkConnector):
         except BaseException:
             await session.close()
             raise
-        self._lifecycle.open(_Writer(settings, session, schema, markers))
+        self._lifecycle.open(_Writer(settings, session, schema, copy_format, markers))
 
     async def close(self) -> None:
         """Abandon an open epoch (its transaction is rolled back; a prepared one stays)."""
@@ -397,16 +399,13 @@ class PostgresSink(SinkConnector):
         transaction = writer.epochs.writing()
         if transaction is None:  # skipped
             return WriteResult(batch.num_rows, 0)
-        data = await asyncio.to_thread(copy_csv, batch)
         try:
             if writer.settings.mode is Mode.UPSERT:
-                await _upsert(writer, batch.schema.names, data)
+                sent = await _upsert(writer, batch)
             else:
                 if transaction.stream is None:
-                    transaction.stream = _CopyStream(
-                        writer.session, writer.settings.table, batch.schema.names
-                    )
-                await transaction.stream.write(data)
+                    transaction.stream = _CopyStream(writer, writer.settings.table)
+                sent = await transaction.stream.write(batch)
         except psycopg.Error as error:
             self._errors_total += 1
             writer.epochs.failed(transaction.epoch)
@@ -415,8 +414,8 @@ class PostgresSink(SinkConnector):
         if writer.settings.mode is Mode.APPEND:
             transaction.batches.append(batch)
         self._records_total += batch.num_rows
-        self._bytes_total += len(data)
-        return WriteResult(batch.num_rows, len(data))
+        self._bytes_total += sent
+        return WriteResult(batch.num_rows, sent)
 
     @bounded_by_network_timeout
     async def pre_commit(self, epoch: int) -> None:
@@ -549,7 +548,7 @@ class PostgresSink(SinkConnector):
         return HealthStatus.healthy()
 
     def metrics(self) -> ConnectorMetrics:
-        """Rows and CSV bytes written, server errors, and epochs skipped as committed before."""
+        """Rows and COPY bytes written, server errors, and epochs skipped as committed before."""
         return ConnectorMetrics(
             records_total=self._records_total,
             bytes_total=self._bytes_total,
@@ -710,8 +709,11 @@ def _check_schema(given: pa.Schema, expected: pa.Schema) -> None:
     )
 
 
-async def _prepare_table(session: Session, settings: SinkSettings) -> pa.Schema:
-    """Check the table against the declared schema (or create it); the sink's schema."""
+async def _prepare_table(session: Session, settings: SinkSettings) -> tuple[pa.Schema, CopyFormat]:
+    """Check the table against the declared schema (or create it).
+
+    :returns: the sink's schema, and how its batches are copied into the table.
+    """
     columns = await table_columns(session, settings.table)
     if columns is None:
         if not settings.create:
@@ -740,7 +742,7 @@ async def _prepare_table(session: Session, settings: SinkSettings) -> pa.Schema:
                 f"({', '.join(settings.key)}), which INSERT ... ON CONFLICT needs; create one",
                 key="key",
             )
-    return with_destination(schema, f"table {settings.table}")
+    return with_destination(schema, f"table {settings.table}"), CopyFormat.choose(schema, columns)
 
 
 async def _create_table(session: Session, settings: SinkSettings, schema: pa.Schema) -> None:
@@ -762,46 +764,50 @@ async def _create_table(session: Session, settings: SinkSettings, schema: pa.Sch
     logger.info("%s: created table %s", SINK_NAME, settings.table)
 
 
-async def _copy(session: Session, table: TableName, names: list[str], data: bytes) -> None:
-    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        qualified(table), sql.SQL(", ").join(map(sql.Identifier, names))
-    )
-    async with session.connection.cursor() as cursor, cursor.copy(statement) as copy:
-        await copy.write(data)
-
-
 class _CopyStream:
     """One ``COPY ... FROM STDIN`` for all of an epoch's (or a task's) batches.
 
     The server parses and stores the rows as they arrive, in its own process, while this one
-    turns the next batch into CSV; a failure the server reports may surface at a later
-    :meth:`write` or only at :meth:`finish`. (psycopg's queued writer would overlap more, but
-    its writer task, left behind by an instance abandoned as a killed process's would be,
-    fails when its event loop closes.)
+    encodes the next batch (:class:`~._values.CopyEncoder`, in a thread); a failure the server
+    reports may surface at a later :meth:`write` or only at :meth:`finish`. (psycopg's queued
+    writer would overlap more, but its writer task, left behind by an instance abandoned as a
+    killed process's would be, fails when its event loop closes.)
+
+    :param writer: the sink (its session, and the format of its batches).
+    :param table: the table copied into (the sink's, or the upsert's temporary table).
     """
 
-    def __init__(self, session: Session, table: TableName, names: list[str]) -> None:
-        self._session = session
-        self._statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-            qualified(table), sql.SQL(", ").join(map(sql.Identifier, names))
+    def __init__(self, writer: _Writer, table: TableName) -> None:
+        self._session = writer.session
+        self._encoder = writer.copy_format.encoder()
+        self._statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT {})").format(
+            qualified(table),
+            sql.SQL(", ").join(map(sql.Identifier, writer.schema.names)),
+            sql.SQL(writer.copy_format.name),
         )
         self._cursor: psycopg.AsyncCursor[Any] | None = None
         self._manager: contextlib.AbstractAsyncContextManager[psycopg.AsyncCopy] | None = None
         self._copy: psycopg.AsyncCopy | None = None
 
-    async def write(self, data: bytes) -> None:
-        """Send ``data`` (CSV rows), starting the ``COPY`` first if need be."""
+    async def write(self, batch: pa.RecordBatch) -> int:
+        """Send ``batch``'s rows, starting the ``COPY`` first if need be; the bytes sent.
+
+        :raises SerdeError: for a value PostgreSQL cannot take (a NUL character in text).
+        """
+        data = await asyncio.to_thread(self._encoder.encode, batch)
         if self._copy is None:
             self._cursor = self._session.connection.cursor()
             manager = self._cursor.copy(self._statement)
             self._copy = await manager.__aenter__()
             self._manager = manager  # only a COPY that began is ended
         await self._copy.write(data)
+        return len(data)
 
     async def finish(self) -> None:
         """End the ``COPY``, waiting until the server stored every row."""
-        manager, self._manager, self._copy = self._manager, None, None
-        if manager is not None:
+        manager, copy, self._manager, self._copy = self._manager, self._copy, None, None
+        if manager is not None and copy is not None:
+            await copy.write(self._encoder.finish())
             await manager.__aexit__(None, None, None)
         await self._close_cursor()
 
@@ -824,9 +830,12 @@ class _CopyStream:
 _UPSERT_TABLE = "laminar_upsert"
 
 
-async def _upsert(writer: _Writer, names: list[str], data: bytes) -> None:
-    """Copy ``data`` into a temporary table, then upsert it into the table on ``key``."""
-    session, settings = writer.session, writer.settings
+async def _upsert(writer: _Writer, batch: pa.RecordBatch) -> int:
+    """Copy ``batch`` into a temporary table, then upsert it into the table on ``key``.
+
+    :returns: the bytes copied.
+    """
+    session, settings, names = writer.session, writer.settings, batch.schema.names
     staged = sql.Identifier(_UPSERT_TABLE)
     # In the epoch's transaction: a rolled-back epoch takes the table with it.
     await session.execute(
@@ -835,7 +844,13 @@ async def _upsert(writer: _Writer, names: list[str], data: bytes) -> None:
             "laminar_row bigserial)"
         ).format(staged, qualified(settings.table))
     )
-    await _copy(session, TableName("pg_temp", _UPSERT_TABLE), names, data)
+    stream = _CopyStream(writer, TableName("pg_temp", _UPSERT_TABLE))
+    try:
+        sent = await stream.write(batch)
+        await stream.finish()
+    except BaseException:
+        await stream.abandon()
+        raise
     columns = sql.SQL(", ").join(map(sql.Identifier, names))
     key = sql.SQL(", ").join(map(sql.Identifier, settings.key))
     others = [name for name in names if name not in settings.key]
@@ -861,6 +876,7 @@ async def _upsert(writer: _Writer, names: list[str], data: bytes) -> None:
         )
     )
     await session.execute(sql.SQL("TRUNCATE {}").format(staged))
+    return sent
 
 
 async def _roll_back_orphans(writer: _Writer, doomed: Callable[[int], bool]) -> None:
@@ -918,9 +934,14 @@ async def _commit_staged(writer: _Writer, epoch: int) -> None:
                 await session.execute("ROLLBACK")
                 return
             crash_point("marker-upserted")
-            for batch in batches:
-                data = await asyncio.to_thread(copy_csv, batch)
-                await _copy(session, settings.table, batch.schema.names, data)
+            stream = _CopyStream(writer, settings.table)
+            try:
+                for batch in batches:
+                    await stream.write(batch)
+                await stream.finish()
+            except BaseException:
+                await stream.abandon()
+                raise
         except BaseException:
             with contextlib.suppress(psycopg.Error):
                 await session.execute("ROLLBACK")
@@ -1032,15 +1053,11 @@ class PostgresTwoPhaseSink(PostgresSink, DistributedCommitSink):
                 return ""
             await writer.session.execute("BEGIN")
             task_transaction = _Transaction(epoch, in_transaction=True, gid=gid)
-            stream = task_transaction.stream = _CopyStream(
-                writer.session, settings.table, writer.schema.names
-            )
+            stream = task_transaction.stream = _CopyStream(writer, settings.table)
             async for batch in batches:
                 _check_schema(batch.schema, writer.schema)
-                data = await asyncio.to_thread(copy_csv, batch)
-                await stream.write(data)
+                self._bytes_total += await stream.write(batch)
                 self._records_total += batch.num_rows
-                self._bytes_total += len(data)
             await stream.finish()
             await writer.markers.record_prepared(writer.session, gid, epoch)
             await writer.session.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(gid)))

@@ -1,9 +1,9 @@
 """PostgreSQL columns and Arrow types: the mapping, the text form of values, and COPY's CSV.
 
-Both directions go through PostgreSQL's *text* form of values — what ``COPY ... (FORMAT csv)``
-reads and writes and what ``pgoutput`` sends — converted column by column with Arrow's
-vectorised casts, never row by row in Python (except for ``bytea`` and arrays, whose text forms
-Arrow cannot parse).
+Values go through PostgreSQL's *text* form — what ``COPY ... (FORMAT csv)`` writes and what
+``pgoutput`` sends — converted column by column with Arrow's vectorised casts, never row by
+row in Python (except for ``bytea`` and arrays, whose text forms Arrow cannot parse); the
+keyset source reads most types in binary instead (ADBC), the sinks write them so (pgpq).
 
 ==============================  ==============================================
 Arrow                           PostgreSQL
@@ -31,6 +31,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pgpq
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -218,6 +219,9 @@ def check_batch_against_table(
             )
 
 
+_NUL_MESSAGE = "a value holds a NUL character (\\0), which PostgreSQL text cannot store; remove it"
+
+
 def copy_csv(batch: pa.RecordBatch) -> bytes:
     """``batch`` as CSV for ``COPY ... FROM STDIN (FORMAT csv)``: nulls unquoted and empty.
 
@@ -241,10 +245,118 @@ def copy_csv(batch: pa.RecordBatch) -> bytes:
         raise SerdeError(f"cannot write the batch as CSV for COPY: {error}") from None
     data = sink.getvalue()
     if b"\x00" in data:
-        raise SerdeError(
-            "a value holds a NUL character (\\0), which PostgreSQL text cannot store; remove it"
-        )
+        raise SerdeError(_NUL_MESSAGE)
     return data
+
+
+_BINARY: dict[str, pa.DataType] = {
+    "int2": pa.int16(),
+    "int4": pa.int32(),
+    "int8": pa.int64(),
+    "float4": pa.float32(),
+    "float8": pa.float64(),
+    "bool": pa.bool_(),
+    "text": pa.string(),
+    "varchar": pa.string(),
+    "bytea": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", "UTC"),
+}
+"""The Arrow type whose values pgpq encodes in the binary form of each column type."""
+
+
+def _binary_type(data_type: pa.DataType, column: Column) -> pa.DataType | None:
+    """What a column of ``data_type`` is cast to for ``column`` in binary; ``None``: no way.
+
+    The same type, a narrower integer (widened exactly), or a timestamp in another zone (the
+    same instants): casts that change no value. A ``real`` into ``double precision`` would
+    (CSV sends its shortest text), so that goes as CSV.
+    """
+    wanted = _BINARY.get(column.type_name) if column.element is None else None
+    if wanted is None:
+        return None
+    widened = pa.types.is_integer(data_type) and pa.types.is_integer(wanted)
+    if widened and data_type.bit_width < wanted.bit_width and not pa.types.is_uint64(data_type):
+        return wanted
+    if pa.types.is_timestamp(data_type) and pa.types.is_timestamp(wanted):
+        zoned = data_type.tz is not None
+        same = data_type.unit == "us" and zoned == (wanted.tz is not None)
+        return wanted if same else None
+    return wanted if data_type.equals(wanted) else None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyFormat:
+    """How batches of one schema are sent with ``COPY ... FROM STDIN`` into a table.
+
+    ``binary`` (encoded by pgpq, in Rust) when every column of the batches has an exact
+    binary form for its column of the table (:func:`_binary_type`): the server then parses
+    nothing; else ``csv`` (:func:`copy_csv`).
+
+    :param name: ``binary`` or ``csv``, as ``COPY``'s ``FORMAT`` option.
+    :param casts: binary: each column's type in the encoded batch.
+    """
+
+    name: str
+    casts: tuple[pa.DataType, ...] = ()
+
+    @classmethod
+    def choose(cls, schema: pa.Schema, columns: Sequence[Column]) -> CopyFormat:
+        """The format for batches of ``schema`` into a table of ``columns``."""
+        by_name = {column.name: column for column in columns}
+        casts = [
+            _binary_type(field.type, by_name[field.name]) if field.name in by_name else None
+            for field in schema
+        ]
+        if all(cast is not None for cast in casts):
+            return cls("binary", tuple(c for c in casts if c is not None))
+        return cls("csv")
+
+    def encoder(self) -> CopyEncoder:
+        """A new encoder, for one ``COPY``."""
+        return CopyEncoder(self)
+
+
+class CopyEncoder:
+    """Batches as the data of one ``COPY ... FROM STDIN`` in a :class:`CopyFormat`.
+
+    :param copy_format: the format.
+    """
+
+    def __init__(self, copy_format: CopyFormat) -> None:
+        self._format = copy_format
+        self._binary: pgpq.ArrowToPostgresBinaryEncoder | None = None
+
+    def encode(self, batch: pa.RecordBatch) -> bytes:
+        """The data of ``batch``'s rows (binary: the header first, the first time).
+
+        :raises SerdeError: for a value PostgreSQL cannot take in text (a NUL character).
+        """
+        if self._format.name == "csv":
+            return copy_csv(batch)
+        cast = pa.RecordBatch.from_arrays(
+            [
+                column if column.type.equals(to) else column.cast(to)
+                for column, to in zip(batch.columns, self._format.casts, strict=True)
+            ],
+            names=batch.schema.names,
+        )
+        for column in cast.columns:
+            if (
+                pa.types.is_string(column.type)
+                and pc.any(pc.match_substring(column, "\x00")).as_py()
+            ):
+                raise SerdeError(_NUL_MESSAGE)
+        header = b""
+        if self._binary is None:
+            self._binary = pgpq.ArrowToPostgresBinaryEncoder(cast.schema)
+            header = self._binary.write_header()
+        return header + self._binary.write_batch(cast)
+
+    def finish(self) -> bytes:
+        """What ends the data (binary: what pgpq holds back, and the trailer)."""
+        return b"" if self._binary is None else self._binary.finish()
 
 
 def array_literal(values: list[object] | None) -> str | None:
@@ -270,19 +382,37 @@ def array_literal(values: list[object] | None) -> str | None:
 # PostgreSQL text → Arrow ------------------------------------------------------------------------
 
 
-def read_csv_as_text(data: bytes, names: Sequence[str]) -> pa.Table:
-    """``COPY ... TO STDOUT (FORMAT csv)`` output as a table of strings (nulls kept apart)."""
-    return pcsv.read_csv(
-        io.BytesIO(data),
-        read_options=pcsv.ReadOptions(column_names=list(names), use_threads=False),
-        parse_options=pcsv.ParseOptions(newlines_in_values=True),
-        convert_options=pcsv.ConvertOptions(
-            column_types=dict.fromkeys(names, pa.string()),
-            null_values=[""],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-        ),
-    )
+_DAYS = (-2_440_588, 2_145_042_905)
+"""The dates PostgreSQL holds, in days since 1970 (4714-11-24 BC to 5874897-12-31)."""
+_MICROSECONDS = (-210_866_803_200_000_000, 2**63 - 1)
+"""The timestamps PostgreSQL holds that Arrow holds too, in microseconds since 1970: from
+4714-11-24 BC to 294247-01-10 (PostgreSQL's, to 294276, do not fit in 64 bits since 1970;
+the driver's decoding of those, and of infinity, wraps around below the lower bound)."""
+
+
+def check_in_range(values: pa.Array, column: str) -> None:
+    """Check that the dates or timestamps ``values`` (binary ``COPY``'s) are real ones.
+
+    ``infinity`` and ``-infinity`` arrive decoded as values outside PostgreSQL's range.
+
+    :raises SerdeError: naming ``column`` when one does (Arrow has no infinite date).
+    """
+    if pa.types.is_date32(values.type):
+        low, high = _DAYS
+        numbers = values.view(pa.int32())
+    elif pa.types.is_timestamp(values.type):
+        low, high = _MICROSECONDS
+        numbers = values.view(pa.int64())
+    else:
+        return
+    extremes = pc.min_max(numbers)
+    least, most = extremes["min"].as_py(), extremes["max"].as_py()
+    if least is not None and (least < low or most > high):
+        raise SerdeError(
+            f"column {column!r}: a value does not convert to {values.type}: infinity, "
+            "-infinity, or a timestamp after 294247-01-10, which Arrow cannot hold; select the "
+            "column as text, or filter them out"
+        )
 
 
 def from_text(values: pa.Array | pa.ChunkedArray, data_type: pa.DataType, column: str) -> pa.Array:
