@@ -18,10 +18,15 @@ import functools
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import TypeVar
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
-from laminar_sdk._checkpointing.registry import open_checkpointer, store_for_location
+from laminar_sdk._checkpointing.registry import (
+    CHECKPOINTER_ENTRY_POINT_GROUP,
+    open_checkpointer,
+    store_for_location,
+)
 from laminar_sdk._contract.config import parse_byte_size
 from laminar_sdk._contract.errors import CheckpointError, ConfigurationError
 from laminar_sdk._contract.types import DeliveryGuarantee
@@ -256,7 +261,11 @@ def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Che
 
     Spark asks the bridge for a writer and commits each micro-batch in Python workers it
     reuses; finding the store among the installed ones (an entry-point scan) each time was a
-    good part of a micro-batch's fixed cost.
+    good part of a micro-batch's fixed cost. A new location (every query has its own) opens
+    its store anew, but the installed stores are found once per process
+    (:func:`_installed_checkpointer_entry_points`), as the installed connectors are
+    (:func:`connector_registry`): the scan cost about 15 ms on an idle machine, per query, in
+    each process that opens a source (the data source's, the planner's and each task's).
 
     :param directory: a directory under the location to open the store at instead.
     :raises CheckpointError: for an unknown store or a location it refuses.
@@ -274,7 +283,26 @@ def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Che
 def _open_checkpointer(
     location: str, store: str | None, store_options: tuple[tuple[str, str], ...]
 ) -> Checkpointer:
-    return open_checkpointer(location, store=store, options=dict(store_options))
+    entry_points = _installed_checkpointer_entry_points()
+    name = store or store_for_location(location)
+    if all(entry_point.name != name for entry_point in entry_points):
+        # installed since the scan, or not at all: scan again, to find it or to say so
+        _installed_checkpointer_entry_points.cache_clear()
+        entry_points = _installed_checkpointer_entry_points()
+    return open_checkpointer(
+        location, store=store, options=dict(store_options), entry_points=entry_points
+    )
+
+
+@functools.cache
+def _installed_checkpointer_entry_points() -> tuple[metadata.EntryPoint, ...]:
+    """The entry points of the installed checkpoint stores, scanned once per process.
+
+    Only the scan is kept: each store is still imported, and opened, by the first
+    :func:`_open_checkpointer` call that needs it, and a store the scan did not find is
+    looked for again.
+    """
+    return tuple(metadata.entry_points(group=CHECKPOINTER_ENTRY_POINT_GROUP))
 
 
 def parse_options(
