@@ -90,6 +90,9 @@ class LaminarDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> LaminarStreamWriter:  # noqa: N802 - Spark's name
         """A writer to the sink connector, after opening it to check every setting.
 
+        In Spark's commit runner, which calls this again only to commit or abort a
+        micro-batch, the sink is not opened (:meth:`LaminarStreamWriter.for_commit`).
+
         :raises ConfigurationError: for output mode ``complete`` (``overwrite``), bad options
             or a guarantee the sink cannot keep.
         :raises SchemaMismatch: when the stream's columns do not fit the sink's schema.

@@ -31,6 +31,12 @@ Any other sink is written in ``commit``, by one instance:
   the JVM to the committing Python worker: two tasks' 12 MB each took 0.15 to 0.25 s to
   arrive, while compressing 12 MB takes 5 to 10 ms (JSON records shrink to a quarter; data
   that does not compress costs those milliseconds);
+- each task on the driver's machine also sends a copy of its batches, as it writes them, to
+  the *epoch writer* (:mod:`~laminar_sdk._spark.epoch_writer`): a process that keeps the sink
+  open across micro-batches and writes the epoch while the tasks run. ``commit`` first asks it
+  to finish the epoch; it does so only when it took exactly the tasks the messages name, each
+  whole. When it declines, fails, dies or is off (``laminar.epoch.writer=false``), ``commit``
+  runs the epoch itself, from the hand-off files, as follows;
 - ``commit`` lets the coordinator recover (finish an epoch whose commit was decided, roll back
   one that was not), skips an epoch committed already, and otherwise runs the epoch:
   ``begin_epoch`` → ``write_batch``… → ``pre_commit`` → manifest (the decision) →

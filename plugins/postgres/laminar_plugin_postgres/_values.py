@@ -249,20 +249,7 @@ def copy_csv(batch: pa.RecordBatch) -> bytes:
     return data
 
 
-_BINARY: dict[str, pa.DataType] = {
-    "int2": pa.int16(),
-    "int4": pa.int32(),
-    "int8": pa.int64(),
-    "float4": pa.float32(),
-    "float8": pa.float64(),
-    "bool": pa.bool_(),
-    "text": pa.string(),
-    "varchar": pa.string(),
-    "bytea": pa.binary(),
-    "date": pa.date32(),
-    "timestamp": pa.timestamp("us"),
-    "timestamptz": pa.timestamp("us", "UTC"),
-}
+_BINARY: dict[str, pa.DataType] = {**_SCALARS, "text": pa.string(), "varchar": pa.string()}
 """The Arrow type whose values pgpq encodes in the binary form of each column type."""
 
 
