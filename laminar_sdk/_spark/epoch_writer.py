@@ -5,15 +5,17 @@ every write task of the micro-batch has ended â€” Spark calls ``commit`` then â€
 whole micro-batch to the sink alone, with the next micro-batch waiting: Kafka's transactional
 produce took ~28 s of a 90 s Kafka-to-Kafka run that way. The epoch writer is a process on
 the driver's machine, one per query and sink configuration, that keeps the sink open across
-micro-batches and is sent a copy of each batch as a task writes it (:class:`TaskStream`), so
-that the sink writes the epoch while the tasks still read and convert theirs. When Spark
+micro-batches and is told of each batch a task has written to its hand-off file
+(:class:`TaskStream`), which it reads from there (the page cache: no batch crosses the socket),
+so that the sink writes the epoch while the tasks still read and convert theirs. When Spark
 calls ``commit``, the epoch is mostly written; the commit asks the writer to finish it
 (:func:`finished_by_writer`): ``pre_commit``, the manifest (the decision), ``commit_epoch``.
 
 It is an accelerator that may vanish at any moment, never a second source of truth:
 
-- Every task still writes its hand-off file. The writer gets a copy of each batch; when a
-  task cannot reach it, or a send fails, the task goes on with its file alone.
+- Every task still writes its hand-off file, the commit's own source. The writer reads each
+  batch from it; when a task cannot reach the writer, or a send fails, the task goes on with
+  its file alone.
 - The writer finishes an epoch only when the commit asks, and only when it took exactly the
   tasks the commit messages name, each whole: a failed task attempt that streamed part of the
   epoch, a task that never reached it or a stream cut off make it roll its epoch back and
@@ -61,6 +63,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -83,6 +86,7 @@ _QUEUED_BATCHES = 8
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux (104 on macOS), with its NUL
 
 _FRAME = struct.Struct("<cQ")
+_OFFSET = struct.Struct("<Q")
 _HEADER, _BATCH, _END, _REPLY = b"H", b"B", b"E", b"R"
 
 
@@ -163,22 +167,28 @@ class TaskStream:
 
     @classmethod
     def open(
-        cls, address: WriterAddress, start: WriterStart, epoch: int, task: str
+        cls, address: WriterAddress, start: WriterStart, epoch: int, task: str, path: Path
     ) -> TaskStream | None:
         """A stream of task ``task``'s share of ``epoch``; the writer started if there is none.
 
+        :param path: the task's hand-off file, which the writer reads the batches from.
         :returns: ``None`` when no writer can be reached or started (a warning says why).
         """
         connection = _connected(address.socket) or _started(address, start)
         if connection is None:
             return None
         stream = cls(connection)
-        stream._send(_HEADER, json.dumps({"kind": "task", "epoch": epoch, "task": task}).encode())
+        header = {"kind": "task", "epoch": epoch, "task": task, "path": str(path)}
+        stream._send(_HEADER, json.dumps(header).encode())
         return stream
 
-    def send(self, batch: pa.RecordBatch) -> None:
-        """Send ``batch`` to the writer (it waits while the writer's queue is full)."""
-        self._send(_BATCH, batch.serialize())
+    def written(self, file: pa.NativeFile) -> None:
+        """Tell the writer that the task's file holds whole batches up to ``file``'s position.
+
+        The writer reads them from the file (the page cache): no batch is copied through the
+        socket. It waits while the writer's queue is full.
+        """
+        self._send(_BATCH, _OFFSET.pack(file.tell()))
 
     def close(self, rows: int) -> None:
         """End the stream of ``rows`` rows, once the writer says it took all of it.
@@ -444,7 +454,7 @@ class EpochWriter:
             header = json.loads(await _read_frame(reader, _HEADER))
             kind, epoch = header["kind"], int(header["epoch"])
             if kind == "task":
-                await self._take(epoch, str(header["task"]), reader, writer)
+                await self._take(epoch, str(header["task"]), str(header["path"]), reader, writer)
             elif kind == "commit":
                 tasks = {str(name): int(rows) for name, rows in header["tasks"].items()}
                 await _reply(writer, await self._commit(epoch, tasks))
@@ -464,6 +474,7 @@ class EpochWriter:
         self,
         number: int,
         task: str,
+        path: str,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
@@ -472,11 +483,35 @@ class EpochWriter:
             epoch.broken = f"task {task} streamed twice"
         epoch.streams[task] = None
         try:
+            await self._read_file(epoch, task, path, reader, writer)
+        except BaseException:
+            epoch.broken = epoch.broken or f"the stream of task {task} was cut off"
+            raise
+
+    async def _read_file(
+        self,
+        epoch: _Epoch,
+        task: str,
+        path: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Queue each batch of the task's file as the task says it is written; answer its end.
+
+        The file is opened at the first batch: the task makes it after it reached the writer.
+        """
+        file: pa.NativeFile | None = None
+        try:
             while True:
                 tag, payload = await _read_tagged(reader)
                 if tag == _BATCH:
-                    batch = pa.ipc.read_record_batch(pa.py_buffer(payload), self._start.schema)
-                    await epoch.put(batch)
+                    (written,) = _OFFSET.unpack(payload)
+                    file = file or pa.OSFile(path)
+                    while file.tell() < written:
+                        message = pa.ipc.read_message(file)
+                        if message.type == "record batch":
+                            batch = pa.ipc.read_record_batch(message, self._start.schema)
+                            await epoch.put(batch)
                 elif tag == _END:
                     rows = int(json.loads(payload)["rows"])
                     epoch.streams[task] = rows
@@ -484,9 +519,9 @@ class EpochWriter:
                     return
                 else:
                     raise ValueError(f"unexpected frame {tag!r}")
-        except BaseException:
-            epoch.broken = epoch.broken or f"the stream of task {task} was cut off"
-            raise
+        finally:
+            if file is not None:
+                file.close()
 
     async def _epoch_for(self, number: int) -> _Epoch:
         """The epoch being written when it is ``number``; else a new one (the old one dropped)."""

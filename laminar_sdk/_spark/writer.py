@@ -31,9 +31,10 @@ Any other sink is written in ``commit``, by one instance:
   the JVM to the committing Python worker: two tasks' 12 MB each took 0.15 to 0.25 s to
   arrive, while compressing 12 MB takes 5 to 10 ms (JSON records shrink to a quarter; data
   that does not compress costs those milliseconds);
-- each task on the driver's machine also sends a copy of its batches, as it writes them, to
-  the *epoch writer* (:mod:`~laminar_sdk._spark.epoch_writer`): a process that keeps the sink
-  open across micro-batches and writes the epoch while the tasks run. ``commit`` first asks it
+- each task on the driver's machine also tells the *epoch writer*
+  (:mod:`~laminar_sdk._spark.epoch_writer`) of each batch it wrote to its file, which the
+  writer reads from there: a process that keeps the sink open across micro-batches and
+  writes the epoch while the tasks run. ``commit`` first asks it
   to finish the epoch; it does so only when it took exactly the tasks the messages name, each
   whole. When it declines, fails, dies or is off (``laminar.epoch.writer=false``), ``commit``
   runs the epoch itself, from the hand-off files, as follows;
@@ -69,11 +70,13 @@ it (:meth:`EpochCoordinator.recover`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
@@ -298,14 +301,15 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         batch_id: int,
     ) -> HandedOffBatchesMessage:
         task = _task_name(context)
-        stream = self._epoch_stream(handoff, query_id, batch_id, task)
+        stream: TaskStream | None = None
         try:
             path = handoff.task_file(query_id, batch_id, task)
+            stream = self._epoch_stream(handoff, query_id, batch_id, task, path)
             with pa.OSFile(str(path), "wb") as file:
                 # Not compressed: the commit reads it locally, and would decompress alone.
                 options = pa.ipc.IpcWriteOptions()
-                also = None if stream is None else stream.send
-                rows = self._serialize(iterator, file, options, also=also)
+                written = None if stream is None else functools.partial(stream.written, file)
+                rows = self._serialize(iterator, file, options, after_each=written)
         except BaseException as error:
             if stream is not None:
                 stream.abandon()
@@ -321,15 +325,15 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         return HandedOffBatchesMessage(str(path), rows, query_id, task)
 
     def _epoch_stream(
-        self, handoff: HandoffDirectory, query_id: str, batch_id: int, task: str
+        self, handoff: HandoffDirectory, query_id: str, batch_id: int, task: str, path: Path
     ) -> TaskStream | None:
-        """A copy of the task's batches for the epoch writer, when it is on and reachable."""
+        """A stream telling the epoch writer of the task's file, when it is on and reachable."""
         address = self._writer_address(handoff, query_id)
         if address is None:
             return None
         assert self._schema is not None, "a writer made for tasks"
         start = WriterStart(self._options, self._schema, query_id, address.socket, spark_jvm())
-        return TaskStream.open(address, start, batch_id, task)
+        return TaskStream.open(address, start, batch_id, task, path)
 
     def _writer_address(
         self, handoff: HandoffDirectory | None, query_id: str | None
@@ -344,18 +348,18 @@ class LaminarStreamWriter(DataSourceStreamArrowWriter):
         iterator: Iterator[pa.RecordBatch],
         sink: pa.NativeFile,
         ipc_options: pa.ipc.IpcWriteOptions,
-        also: Callable[[pa.RecordBatch], None] | None = None,
+        after_each: Callable[[], None] | None = None,
     ) -> int:
         """Write the task's conformed batches to ``sink`` as one IPC stream; the rows written.
 
-        :param also: called with each batch too (the epoch writer's copy).
+        :param after_each: called once each batch is written (the epoch writer is told).
         """
         rows = 0
         with pa.ipc.new_stream(sink, self._schema, options=ipc_options) as stream:
             for batch in self._conformed(iterator):
                 stream.write_batch(batch)
-                if also is not None:
-                    also(batch)
+                if after_each is not None:
+                    after_each()
                 rows += batch.num_rows
         return rows
 

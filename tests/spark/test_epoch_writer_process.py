@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from spark_pipelines import ids_batch
 
@@ -39,12 +40,18 @@ class Writer:
         assert len(self.address.socket) > 108
 
     def stream(self, epoch: int, task: str, *firsts: int, close: bool = True) -> None:
-        """Stream task ``task``'s share of ``epoch``: 10 ids from each of ``firsts``."""
+        """Stream task ``task``'s share of ``epoch``: 10 ids from each of ``firsts``.
+
+        As a write task does: each batch written to the task's file, and the writer told.
+        """
         start = WriterStart(self.options, IDS_SCHEMA, QUERY, self.address.socket, self.jvm.pid)
-        stream = TaskStream.open(self.address, start, epoch, task)
+        path = self.sink.parent / f"{task}-{epoch}.arrow"
+        stream = TaskStream.open(self.address, start, epoch, task, path)
         assert stream is not None, "no writer started"
-        for first in firsts:
-            stream.send(ids_batch(first, 10))
+        with pa.OSFile(str(path), "wb") as file, pa.ipc.new_stream(file, IDS_SCHEMA) as ipc:
+            for first in firsts:
+                ipc.write_batch(ids_batch(first, 10))
+                stream.written(file)
         if close:
             stream.close(10 * len(firsts))
         else:
