@@ -300,17 +300,26 @@ def configured_crash_point(environ: Mapping[str, str] | None = None) -> CrashPoi
 
     :raises ConfigurationError: when the variable (or the file it names) is malformed.
     """
-    value = (os.environ if environ is None else environ).get(CRASH_AT_VARIABLE)
+    found = _variable_text(CRASH_AT_VARIABLE, environ)
+    return None if found is None else CrashPoint.parse(*found)
+
+
+def _variable_text(variable: str, environ: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """``variable``'s value, or with ``@FILE`` that file's content; and where it came from.
+
+    ``None`` when it is not set, or names a file that is missing or empty.
+    """
+    value = (os.environ if environ is None else environ).get(variable)
     if not value:
         return None
     if not value.startswith(CRASH_AT_FILE_PREFIX):
-        return CrashPoint.parse(value)
+        return value, variable
     path = Path(value.removeprefix(CRASH_AT_FILE_PREFIX))
     try:
         text = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
-    return CrashPoint.parse(text, f"{CRASH_AT_VARIABLE} (the file {path})") if text else None
+    return (text, f"{variable} (the file {path})") if text else None
 
 
 def kill_writer_once(environ: Mapping[str, str] | None = None) -> None:
@@ -340,15 +349,10 @@ def epoch_writer_killer(environ: Mapping[str, str] | None = None) -> StepObserve
 
     :raises ConfigurationError: when the steps are malformed, or name a point inside a call.
     """
-    value = (os.environ if environ is None else environ).get(KILL_EPOCH_WRITER_VARIABLE, "")
-    if value.startswith(CRASH_AT_FILE_PREFIX):
-        try:
-            value = Path(value.removeprefix(CRASH_AT_FILE_PREFIX)).read_text().strip()
-        except FileNotFoundError:
-            return None
-    if not value:
+    found = _variable_text(KILL_EPOCH_WRITER_VARIABLE, environ)
+    if found is None:
         return None
-    points = CrashPoint.parse_schedule(value, KILL_EPOCH_WRITER_VARIABLE)
+    points = CrashPoint.parse_schedule(*found)
     kills: dict[tuple[ProtocolStep, int], CrashPoint] = {}
     for point in points:
         step = point.step.protocol_step
