@@ -50,22 +50,40 @@ _EVENT_TIME_ORIGIN_US = 1_704_067_200_000_000  # 2024-01-01T00:00:00Z
 _U64 = pa.uint64()
 
 
-def _splitmix64(values: pa.Array) -> pa.Array:
-    """SplitMix64, element-wise on uint64: ``mix(x + G)`` with wrapping arithmetic."""
-    z = pc.add(values, _u64(_GOLDEN))
-    z = pc.multiply(pc.bit_wise_xor(z, pc.shift_right(z, _u64(30))), _u64(0xBF58476D1CE4E5B9))
-    z = pc.multiply(pc.bit_wise_xor(z, pc.shift_right(z, _u64(27))), _u64(0x94D049BB133111EB))
-    return pc.bit_wise_xor(z, pc.shift_right(z, _u64(31)))
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+_MASK = 2**64 - 1
+
+
+def _mix(value: int) -> int:
+    """SplitMix64's mixing of one value: ``splitmix64(x)`` is ``_mix(x + G)`` (mod 2**64)."""
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK
+    return value ^ (value >> 31)
+
+
+def _mix_array(values: pa.Array) -> pa.Array:
+    """:func:`_mix` element-wise on uint64 (wrapping arithmetic), one kernel per step."""
+    z = pc.multiply(pc.bit_wise_xor(values, pc.shift_right(values, _SHIFT_30)), _MIX_1_U64)
+    z = pc.multiply(pc.bit_wise_xor(z, pc.shift_right(z, _SHIFT_27)), _MIX_2_U64)
+    return pc.bit_wise_xor(z, pc.shift_right(z, _SHIFT_31))
 
 
 def _u64(value: int) -> pa.Scalar:
-    return pa.scalar(value % 2**64, _U64)
+    return pa.scalar(value & _MASK, _U64)
+
+
+_GOLDEN_U64 = _u64(_GOLDEN)
+_MIX_1_U64 = _u64(_MIX_1)
+_MIX_2_U64 = _u64(_MIX_2)
+_SHIFT_30, _SHIFT_27, _SHIFT_31, _SHIFT_11, _SHIFT_10 = map(_u64, (30, 27, 31, 11, 10))
+_ONE_U64, _LOW_10_BITS = _u64(1), _u64(1023)
+_ONE_I64 = pa.scalar(1, pa.int64())
 
 
 def _arange(start: int, stop: int) -> pa.Array:
     """``start, start + 1, …, stop - 1`` as int64, without a Python object per element."""
-    ones = pa.repeat(pa.scalar(1, pa.int64()), stop - start)
-    return pc.add(pc.cumulative_sum(ones), start - 1)
+    return pc.add(pc.cumulative_sum(pa.repeat(_ONE_I64, stop - start)), start - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,26 +182,36 @@ class _Settings:
         return offsets
 
     def rows_between(self, partition: int, start: int, end: int) -> pa.RecordBatch:
-        """Rows ``start`` (included) to ``end`` (excluded) of ``partition``."""
+        """Rows ``start`` (included) to ``end`` (excluded) of ``partition``.
+
+        Row ``i``'s hash is ``splitmix64(i * G + partition_key)``, and SplitMix64 adds ``G``
+        before mixing: so one multiply-add by constants, then the three mixing steps.
+        """
         offsets = _arange(start, end)
         count = end - start
-        seed_hash = _splitmix64(pa.array([self.seed % 2**64], _U64))[0].as_py()
-        partition_key = _splitmix64(pa.array([seed_hash ^ partition], _U64))[0]
-        hashes = _splitmix64(pc.add(pc.multiply(offsets.cast(_U64), _u64(_GOLDEN)), partition_key))
+        hashes = _mix_array(
+            pc.add(pc.multiply(offsets.cast(_U64), _GOLDEN_U64), self._hash_base(partition))
+        )
         columns = [
             pc.add(pc.multiply(offsets, self.partitions), partition),
             pa.repeat(pa.scalar(partition, pa.int32()), count),
-            pc.multiply(pc.shift_right(hashes, _u64(11)).cast(pa.float64()), 2.0**-53),
+            pc.multiply(pc.shift_right(hashes, _SHIFT_11).cast(pa.float64()), 2.0**-53),
         ]
         if self.schema.equals(WIDE_SCHEMA):
             columns += [
                 pc.add(pc.multiply(offsets, 1000), _EVENT_TIME_ORIGIN_US).cast(
                     pa.timestamp("us", tz="UTC")
                 ),
-                pc.bit_wise_and(hashes, _u64(1023)).cast(pa.string()),
-                pc.equal(pc.bit_wise_and(pc.shift_right(hashes, _u64(10)), _u64(1)), _u64(1)),
+                pc.bit_wise_and(hashes, _LOW_10_BITS).cast(pa.string()),
+                pc.equal(pc.bit_wise_and(pc.shift_right(hashes, _SHIFT_10), _ONE_U64), _ONE_U64),
             ]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+    def _hash_base(self, partition: int) -> pa.Scalar:
+        """``partition_key + G``: the partition's key is ``splitmix64(splitmix64(seed) ^ p)``."""
+        seed_hash = _mix((self.seed + _GOLDEN) & _MASK)
+        partition_key = _mix(((seed_hash ^ partition) + _GOLDEN) & _MASK)
+        return _u64(partition_key + _GOLDEN)
 
 
 def _filled_in(config: ConnectorConfig, key: str, parse: Callable[[str], T]) -> T:
