@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
+from typing import Any, TypeAlias
 
 import pluggy
 
@@ -36,8 +38,8 @@ def _canonical(name: str) -> str:
 
 
 def _selected(
-    entry_points: Iterable[metadata.EntryPoint], environ: Mapping[str, str]
-) -> list[metadata.EntryPoint]:
+    entry_points: Iterable[AnyEntryPoint], environ: Mapping[str, str]
+) -> list[AnyEntryPoint]:
     allow = _names(environ.get(ALLOWLIST_VARIABLE))
     deny = _names(environ.get(DENYLIST_VARIABLE)) or frozenset()
     chosen = []
@@ -52,14 +54,59 @@ def _selected(
     return sorted(chosen, key=lambda ep: (distribution_of(ep)[0], ep.name))
 
 
-def distribution_of(entry_point: metadata.EntryPoint) -> tuple[str, str]:
+@dataclass(frozen=True, slots=True)
+class FoundEntryPoint:
+    """An installed entry point and its distribution, as a scan of the installed ones found it.
+
+    Plain, picklable data: Spark ships it to its Python workers inside the options of a
+    ``format("laminar")`` query, and a worker loads the plugin, or the checkpoint store, from
+    it without scanning every installed distribution again. Spark starts a new Python process
+    for each query's source, where that scan took about a tenth of a second (a short query's
+    whole start is a few tenths). Loaders here take it wherever they take an
+    :class:`importlib.metadata.EntryPoint`.
+    """
+
+    group: str
+    name: str
+    value: str
+    distribution: str
+    version: str
+
+    @classmethod
+    def of(cls, entry_point: metadata.EntryPoint) -> FoundEntryPoint:
+        """What ``entry_point`` names, with its distribution's name and version."""
+        distribution, version = distribution_of(entry_point)
+        return cls(entry_point.group, entry_point.name, entry_point.value, distribution, version)
+
+    def load(self) -> Any:  # noqa: ANN401 - whatever the entry point names
+        """Import and return the object the entry point names, as ``EntryPoint.load`` does."""
+        return metadata.EntryPoint(self.name, self.value, self.group).load()
+
+
+AnyEntryPoint: TypeAlias = metadata.EntryPoint | FoundEntryPoint
+"""An installed entry point: scanned now, or found by an earlier scan."""
+
+
+def find_entry_point(group: str, name: str) -> FoundEntryPoint | None:
+    """The installed entry point ``name`` of ``group``; ``None`` unless exactly one is installed.
+
+    (Two distributions declaring one name is an error the loaders report, with both names.)
+    """
+    found = list(metadata.entry_points(group=group, name=name))
+    return FoundEntryPoint.of(found[0]) if len(found) == 1 else None
+
+
+def distribution_of(entry_point: AnyEntryPoint) -> tuple[str, str]:
+    """The name and version of the distribution that declares ``entry_point``."""
+    if isinstance(entry_point, FoundEntryPoint):
+        return entry_point.distribution, entry_point.version
     dist = entry_point.dist
     if dist is None:
         return "<unknown distribution>", ""
     return dist.metadata["Name"] or dist.name, dist.version
 
 
-def _load(entry_point: metadata.EntryPoint, distribution: str) -> object:
+def _load(entry_point: AnyEntryPoint, distribution: str) -> object:
     try:
         plugin: object = entry_point.load()
     except Exception as error:
@@ -74,7 +121,7 @@ def _load(entry_point: metadata.EntryPoint, distribution: str) -> object:
 
 
 def _register(
-    manager: pluggy.PluginManager, plugin: object, entry_point: metadata.EntryPoint, dist: str
+    manager: pluggy.PluginManager, plugin: object, entry_point: AnyEntryPoint, dist: str
 ) -> None:
     try:
         manager.register(plugin, name=entry_point.name)
@@ -96,7 +143,7 @@ def _hook_names() -> list[str]:
 
 def load_connector_registry(
     *,
-    entry_points: Iterable[metadata.EntryPoint] | None = None,
+    entry_points: Iterable[AnyEntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
     plugin: str | None = None,
 ) -> ConnectorRegistry:
@@ -122,7 +169,7 @@ def load_connector_registry(
 
 def load_plugins(
     *,
-    entry_points: Iterable[metadata.EntryPoint] | None = None,
+    entry_points: Iterable[AnyEntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
     plugin: str | None = None,
 ) -> tuple[ConnectorRegistry, pluggy.PluginManager]:

@@ -12,6 +12,7 @@ from pyspark.sql.types import StructType
 from laminar_sdk._contract.connector import SourceConnector
 from laminar_sdk._contract.errors import ConfigurationError, SchemaMismatch
 from laminar_sdk._contract.schema import sink_described
+from laminar_sdk._plugins.loading import FoundEntryPoint
 from laminar_sdk._plugins.registry import ConnectorRole
 from laminar_sdk._runtime.delivery import validate_delivery_guarantee
 from laminar_sdk._spark.arrow import arrow_schema, schema_differences, spark_schema
@@ -57,8 +58,8 @@ class LaminarDataSource(DataSource):
 
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        self._plugins: dict[ConnectorRole, str] = {}
-        """The plugin found to provide each side's connector (see :meth:`_options`)."""
+        self._entry_points: dict[ConnectorRole, tuple[FoundEntryPoint, ...]] = {}
+        """Each side's plugin and checkpoint store, as found (see :meth:`_options`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -114,12 +115,14 @@ class LaminarDataSource(DataSource):
     def _options(self, role: ConnectorRole) -> BridgeOptions:
         """The options of the ``role`` side, parsed.
 
-        The plugin found to provide the connector is remembered: Spark pickles this instance
-        after asking for the schema and ships it to the source's planning process, which then
-        imports that plugin alone (see :func:`~laminar_sdk._spark.options.registry_providing`).
+        The entry points found of the plugin providing the connector and of the checkpoint
+        store are remembered: Spark pickles this instance after asking for the schema and
+        ships it to the source's planning process (a new one per query), which then imports
+        that plugin alone, and neither looks for it nor for the store among the installed
+        distributions (see :func:`~laminar_sdk._spark.options.registry_providing`).
         """
-        options = parse_options(self.options, role, plugin=self._plugins.get(role, ""))
-        self._plugins[role] = options.plugin
+        options = parse_options(self.options, role, known=self._entry_points.get(role, ()))
+        self._entry_points[role] = options.entry_points
         return options
 
     def _source(self) -> tuple[BridgeOptions, SourceConnector]:

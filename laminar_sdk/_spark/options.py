@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import functools
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import TypeVar
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer
@@ -30,7 +29,12 @@ from laminar_sdk._checkpointing.registry import (
 from laminar_sdk._contract.config import parse_byte_size
 from laminar_sdk._contract.errors import CheckpointError, ConfigurationError
 from laminar_sdk._contract.types import DeliveryGuarantee
-from laminar_sdk._plugins.loading import load_connector_registry
+from laminar_sdk._plugins.loading import (
+    PLUGIN_ENTRY_POINT_GROUP,
+    FoundEntryPoint,
+    find_entry_point,
+    load_connector_registry,
+)
 from laminar_sdk._plugins.registry import ConnectorRegistry, ConnectorRole, ConnectorSpec
 from laminar_sdk._spark.read_log import READ_LOG_DIRECTORY
 
@@ -204,6 +208,9 @@ class BridgeOptions:
     :param plugin: the entry-point name of the plugin providing the connector, found when the
         options were parsed: the processes the options are shipped to import that plugin
         alone (every installed one when it is empty, or no longer provides the connector).
+    :param entry_points: the entry points of that plugin and of the checkpoint store, as the
+        scan that parsed the options first found them: the processes the options are shipped
+        to load both from these, without a scan of their own.
     :param epoch_writer: whether a one-instance sink is written by the epoch writer while the
         tasks run (:mod:`~laminar_sdk._spark.epoch_writer`), or by the commit alone.
     """
@@ -218,6 +225,7 @@ class BridgeOptions:
     checkpoint_store: str | None = None
     checkpoint_options: Mapping[str, str] = field(default_factory=dict, repr=False)
     plugin: str = ""
+    entry_points: tuple[FoundEntryPoint, ...] = ()
     epoch_writer: bool = True
 
     def spec(self) -> ConnectorSpec:
@@ -226,10 +234,13 @@ class BridgeOptions:
 
     def registry(self) -> ConnectorRegistry:
         """A registry holding the connector: its plugin's alone when the plugin is known."""
-        return registry_providing(self.connector, self.role, self.plugin)
+        plugin = _found(self.entry_points, PLUGIN_ENTRY_POINT_GROUP, self.plugin)
+        return registry_providing(self.connector, self.role, self.plugin, plugin)
 
 
-def registry_providing(connector: str, role: ConnectorRole, plugin: str) -> ConnectorRegistry:
+def registry_providing(
+    connector: str, role: ConnectorRole, plugin: str, found: FoundEntryPoint | None = None
+) -> ConnectorRegistry:
     """The connectors of ``plugin`` when it provides ``connector``, else every installed one.
 
     Spark starts new Python processes for every query (the source's planner, the tasks'
@@ -239,21 +250,26 @@ def registry_providing(connector: str, role: ConnectorRole, plugin: str) -> Conn
     imports that plugin alone. Every installed plugin is loaded when the plugin is unknown
     or no longer provides the connector, so that a missing connector is reported with the
     installed ones.
+
+    :param found: ``plugin``'s entry point, found before: loaded without a scan.
     """
     if plugin:
-        scoped = connector_registry(plugin)
+        scoped = connector_registry(plugin, found)
         if any(spec.name == connector and spec.role is role for spec in scoped):
             return scoped
     return connector_registry()
 
 
 @functools.cache
-def connector_registry(plugin: str | None = None) -> ConnectorRegistry:
+def connector_registry(
+    plugin: str | None = None, found: FoundEntryPoint | None = None
+) -> ConnectorRegistry:
     """The installed connectors (``plugin``'s alone when given), loaded once per process.
 
-    Loaded on first use, never at import.
+    Loaded on first use, never at import; ``plugin`` from ``found``, its entry point, when
+    given.
     """
-    return load_connector_registry(plugin=plugin)
+    return load_connector_registry(plugin=plugin, entry_points=None if found is None else [found])
 
 
 def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Checkpointer:
@@ -262,10 +278,8 @@ def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Che
     Spark asks the bridge for a writer and commits each micro-batch in Python workers it
     reuses; finding the store among the installed ones (an entry-point scan) each time was a
     good part of a micro-batch's fixed cost. A new location (every query has its own) opens
-    its store anew, but the installed stores are found once per process
-    (:func:`_installed_checkpointer_entry_points`), as the installed connectors are
-    (:func:`connector_registry`): the scan cost about 15 ms on an idle machine, per query, in
-    each process that opens a source (the data source's, the planner's and each task's).
+    its store anew, from the entry point :func:`parse_options` found
+    (:attr:`BridgeOptions.entry_points`): no process the options are shipped to scans.
 
     :param directory: a directory under the location to open the store at instead.
     :raises CheckpointError: for an unknown store or a location it refuses.
@@ -274,50 +288,49 @@ def checkpointer_of(options: BridgeOptions, directory: str | None = None) -> Che
     assert location is not None, "parse_options sets it for sinks; sources check it first"
     if directory is not None:
         location = _child_location(location, directory)
+    store = options.checkpoint_store or store_for_location(location)
     return _open_checkpointer(
-        location, options.checkpoint_store, tuple(sorted(options.checkpoint_options.items()))
+        location,
+        store,
+        tuple(sorted(options.checkpoint_options.items())),
+        _found(options.entry_points, CHECKPOINTER_ENTRY_POINT_GROUP, store),
     )
 
 
 @functools.cache
 def _open_checkpointer(
-    location: str, store: str | None, store_options: tuple[tuple[str, str], ...]
+    location: str,
+    store: str,
+    store_options: tuple[tuple[str, str], ...],
+    found: FoundEntryPoint | None,
 ) -> Checkpointer:
-    entry_points = _installed_checkpointer_entry_points()
-    name = store or store_for_location(location)
-    if all(entry_point.name != name for entry_point in entry_points):
-        # installed since the scan, or not at all: scan again, to find it or to say so
-        _installed_checkpointer_entry_points.cache_clear()
-        entry_points = _installed_checkpointer_entry_points()
-    return open_checkpointer(
-        location, store=store, options=dict(store_options), entry_points=entry_points
-    )
+    """The store ``store`` at ``location``, opened once per process.
 
-
-@functools.cache
-def _installed_checkpointer_entry_points() -> tuple[metadata.EntryPoint, ...]:
-    """The entry points of the installed checkpoint stores, scanned once per process.
-
-    Only the scan is kept: each store is still imported, and opened, by the first
-    :func:`_open_checkpointer` call that needs it, and a store the scan did not find is
-    looked for again.
+    :param found: the store's entry point, found before: opened without a scan.
     """
-    return tuple(metadata.entry_points(group=CHECKPOINTER_ENTRY_POINT_GROUP))
+    return open_checkpointer(
+        location,
+        store=store,
+        options=dict(store_options),
+        entry_points=None if found is None else [found],
+    )
 
 
 def parse_options(
     options: Mapping[str, str],
     role: ConnectorRole,
     registry: ConnectorRegistry | None = None,
-    plugin: str = "",
+    known: Sequence[FoundEntryPoint] = (),
 ) -> BridgeOptions:
     """Split Spark's ``options`` for a ``role`` connector and validate every part.
 
     Nothing is opened: the connector's keys are checked against its declaration only.
 
     :param registry: where the connector is looked up (default: the installed plugins).
-    :param plugin: the plugin known to provide the connector, when it is: only that plugin
-        is loaded to look the connector up (see :func:`registry_providing`).
+    :param known: the entry points an earlier parse of these options found
+        (:attr:`BridgeOptions.entry_points`): the plugin among them is the only one loaded to
+        look the connector up (see :func:`registry_providing`), and neither it nor the
+        checkpoint store is looked for again.
     :raises ConfigurationError: naming the option at fault — a missing or unknown connector,
         an unknown or malformed ``laminar.*`` option, an undeclared connector key.
     """
@@ -329,7 +342,10 @@ def parse_options(
             f'.option("connector", NAME); `laminar plugins list` shows the installed ones',
             key=CONNECTOR_OPTION,
         )
-    spec = (registry or registry_providing(name, role, plugin)).get(name, role)
+    plugin = next((ep for ep in known if ep.group == PLUGIN_ENTRY_POINT_GROUP), None)
+    spec = (
+        registry or registry_providing(name, role, "" if plugin is None else plugin.name, plugin)
+    ).get(name, role)
     sdk = _sdk_options(lowered, role)
     properties = _connector_properties(lowered, spec)
     spec.configure(properties)
@@ -351,8 +367,29 @@ def parse_options(
             if key.startswith(CHECKPOINT_STORE_OPTION_PREFIX)
         },
         plugin=spec.plugin,
+        entry_points=_entry_points(spec.plugin, store, known),
         epoch_writer=_decoded(sdk, EPOCH_WRITER, decode_switch, True),
     )
+
+
+def _entry_points(
+    plugin: str, store: str | None, known: Sequence[FoundEntryPoint]
+) -> tuple[FoundEntryPoint, ...]:
+    """The entry points of ``plugin`` and ``store``: from ``known``, else from a scan."""
+    wanted = [(PLUGIN_ENTRY_POINT_GROUP, plugin), (CHECKPOINTER_ENTRY_POINT_GROUP, store)]
+    found = (
+        _found(known, group, name) or find_entry_point(group, name)
+        for group, name in wanted
+        if name
+    )
+    return tuple(entry_point for entry_point in found if entry_point is not None)
+
+
+def _found(
+    entry_points: Sequence[FoundEntryPoint], group: str, name: str | None
+) -> FoundEntryPoint | None:
+    """The entry point ``name`` of ``group`` among ``entry_points``."""
+    return next((e for e in entry_points if e.group == group and e.name == name), None)
 
 
 def _sdk_options(lowered: Mapping[str, str], role: ConnectorRole) -> dict[str, str]:

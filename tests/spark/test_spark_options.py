@@ -170,27 +170,43 @@ def laminar_register_connectors(registry):
 
 READ_IN_A_NEW_PROCESS = """
 import json, pickle, sys
+from importlib import metadata
+scans = []
+scan = metadata.distributions
+metadata.distributions = lambda **kwargs: scans.append(kwargs) or scan(**kwargs)
 data_source, schema = pickle.loads(sys.stdin.buffer.read())
 reader = data_source.streamReader(schema)
+from laminar_sdk._plugins.registry import ConnectorRole
+from laminar_sdk._spark.options import checkpointer_of
+checkpointer_of(data_source._options(ConnectorRole.SOURCE))
 scoped = "laminar_witness" in sys.modules
+scanned = len(scans)
 from laminar_sdk import load_connector_registry
 load_connector_registry()
-print(json.dumps({"scoped": scoped, "everything": "laminar_witness" in sys.modules}))
+print(json.dumps({
+    "scoped": scoped,
+    "scanned": scanned,
+    "everything": "laminar_witness" in sys.modules,
+    "scanned after": len(scans) > scanned,
+}))
 """
 
 
-def test_the_source_planning_process_imports_the_connectors_plugin_alone(
+def test_the_source_planning_process_imports_the_connectors_plugin_alone_without_a_scan(
     install_distribution, tmp_path: Path
 ) -> None:
     # Spark pickles the data source after asking for its schema and unpickles it in a new
     # planning process for every query; importing every installed plugin there cost a
-    # quarter of a second per query. The witness stands for any other installed plugin.
+    # quarter of a second per query, and finding it and the checkpoint store among the
+    # installed distributions a tenth. The witness stands for any other installed plugin.
     site = install_distribution(
         "laminar-plugin-witness",
         modules={"laminar_witness": WITNESS_PLUGIN},
         plugins={"witness": "laminar_witness"},
     )
-    data_source = LaminarDataSource({"connector": "generator", "rows": "3"})
+    data_source = LaminarDataSource(
+        {"connector": "generator", "rows": "3", "checkpointLocation": str(tmp_path / "c")}
+    )
     schema = data_source.schema()
     assert parse_options({"connector": "generator"}, SOURCE).plugin == "reference"
     sink = parse_options(
@@ -208,9 +224,10 @@ def test_the_source_planning_process_imports_the_connectors_plugin_alone(
     )
 
     imported = json.loads(child.stdout)
-    assert imported == {"scoped": False, "everything": True}, (
-        "the planning process imported other plugins than the connector's "
-        f"(or the witness is not installed): {imported}"
+    assert imported == {"scoped": False, "scanned": 0, "everything": True, "scanned after": True}, (
+        "the planning process imported other plugins than the connector's, or looked for the "
+        "plugin or the checkpoint store among the installed distributions (or the witness is "
+        f"not installed, or the scan is not seen): {imported}"
     )
 
 
