@@ -21,6 +21,9 @@ Helpers the reference and first-party connectors share, public for any plugin's 
 - :func:`parse_count` (a checkpoint offset as a count, or a :class:`~laminar_sdk.CheckpointError`);
 - :func:`single_offset` (the offset of a one-partition source's checkpoint) and
   :func:`first_rows` (a range read's batches, cut at the rows the range holds);
+- :class:`OrderedUnits` (the position of a one-partition source whose rows come in ordered
+  units, a :class:`UnitPosition`, through polls, checkpoints and range plans), with its
+  :class:`PositionFormat` and :class:`UnitReader`;
 - :func:`parse_schema` (a ``schema`` key written ``name type, ...``, the types as
   :func:`arrow_type` reads them);
 - :func:`storage_location` (a local directory or an object-store prefix, from a ``path`` key and
@@ -35,6 +38,12 @@ from laminar_sdk.reference._location import S3_KEYS, StorageLocation, storage_lo
 from laminar_sdk.reference._memory import MemorySink, MemorySource
 from laminar_sdk.reference._null import EpochCount, NullSink
 from laminar_sdk.reference._offsets import first_rows, parse_count, single_offset
+from laminar_sdk.reference._ordered_units import (
+    OrderedUnits,
+    PositionFormat,
+    UnitPosition,
+    UnitReader,
+)
 from laminar_sdk.reference._plugin import laminar_register_connectors
 from laminar_sdk.reference._schemas import (
     IDS_SCHEMA,
@@ -60,7 +69,11 @@ __all__ = [
     "MemorySink",
     "MemorySource",
     "NullSink",
+    "OrderedUnits",
+    "PositionFormat",
     "StorageLocation",
+    "UnitPosition",
+    "UnitReader",
     "arrow_type",
     "conform_batch",
     "first_rows",

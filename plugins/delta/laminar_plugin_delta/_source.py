@@ -26,7 +26,6 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     ConnectorMetrics,
-    PartitionInfo,
     PartitionRange,
     RangeReadableSource,
     ReadError,
@@ -35,7 +34,16 @@ from laminar_sdk import (
     SourceCheckpoint,
     SourceConnector,
 )
-from laminar_sdk.reference import S3_KEYS, Lifecycle, first_rows, parse_count, single_offset
+from laminar_sdk.reference import (
+    S3_KEYS,
+    Lifecycle,
+    OrderedUnits,
+    PositionFormat,
+    UnitPosition,
+    UnitReader,
+    first_rows,
+    parse_count,
+)
 
 from laminar_plugin_delta._table import (
     TABLE_PATH_KEY,
@@ -53,7 +61,6 @@ if TYPE_CHECKING:
 _LABEL = "delta source"
 PARTITION = "delta"
 """The one partition of the source (the table's log is one sequence): checkpoints name it."""
-_FINISHED = "end"
 _BATCH_SIZE = 8192
 _LOG = "_delta_log"
 # Log entries (immutable once committed) and Parquet row counts kept per instance: enough for
@@ -97,42 +104,25 @@ SOURCE_KEYS: tuple[ConfigKeySpec, ...] = (
 """The keys the ``delta`` source declares."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Position:
-    """Where the source stands: ``rows`` rows into ``version``, or past it when ``rows`` is None.
+_POSITIONS: PositionFormat[int] = PositionFormat(
+    _LABEL,
+    PARTITION,
+    "version",
+    rows_first=False,
+    parse_unit=lambda text: parse_count(_LABEL, text, "table version"),
+)
+"""A position is a version (every version before it read) and the rows of it read.
 
-    Rows are counted in the order of the version's ``add`` actions in its log entry, each
-    file's in file order. Every version before ``version`` has been read. Encoded as
-    ``<version>:<rows>`` or ``<version>:end``; the batch that returns a version's last row
-    moves the position to ``<version>:end``, so polling and planning name one end alike.
-    """
+Rows are counted in the order of the version's ``add`` actions in its log entry, each file's
+in file order. Written ``<version>:<rows>`` or ``<version>:end``; the batch that returns a
+version's last row moves the position to ``<version>:end``, so polling and planning name one
+end alike.
+"""
 
-    version: int
-    rows: int | None
 
-    def encode(self) -> str:
-        return f"{self.version}:{_FINISHED if self.rows is None else self.rows}"
-
-    @classmethod
-    def decode(cls, text: str) -> _Position:
-        head, separator, tail = text.partition(":")
-        if not separator:
-            raise CheckpointError(
-                f"{_LABEL}: checkpoint position {text!r} is not '<version>:<rows>' or "
-                f"'<version>:{_FINISHED}'; was it written by another connector?"
-            )
-        version = parse_count(_LABEL, head, "table version")
-        if tail == _FINISHED:
-            return cls(version, None)
-        return cls(version, parse_count(_LABEL, tail, "row position"))
-
-    def order(self) -> tuple[int, float]:
-        """A key that sorts positions as the rows they follow."""
-        return (self.version, math.inf if self.rows is None else self.rows)
-
-    def following(self) -> tuple[int, int]:
-        """The version the next row comes from, and the rows of it already read."""
-        return (self.version + 1, 0) if self.rows is None else (self.version, self.rows)
+def _order(position: UnitPosition[int]) -> tuple[int, float]:
+    """A key that sorts positions as the rows they follow."""
+    return (position.unit, math.inf if position.rows is None else position.rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,29 +166,29 @@ class _Settings:
     batch_size: int
     skip_change_commits: bool
 
-    def start(self, position: _Position | None) -> tuple[int, int]:
+    def start(self, position: UnitPosition[int] | None) -> tuple[int, int]:
         """The version to read next after ``position``, and the rows of it already read."""
-        return (self.starting_version, 0) if position is None else position.following()
+        if position is None:
+            return (self.starting_version, 0)
+        return (position.unit + 1, 0) if position.rows is None else (position.unit, position.rows)
 
 
-class _OpenVersion:
-    """The version being read: hands out exactly the rows asked for, and knows when it is done.
+class _OpenVersion(UnitReader[int]):
+    """The version being read, knowing the rows it holds: it reads no further than it must.
 
     :param total: the rows the version holds (from the log's statistics or the files' footers).
-    :param returned: the rows of it returned before ``batches`` (a restored position).
     """
 
     def __init__(
         self,
         version: int,
         total: int,
+        schema: pa.Schema,
         batches: Generator[pa.RecordBatch, None, None],
         returned: int,
     ) -> None:
-        self.version = version
+        super().__init__(version, schema, batches, returned)
         self.total = total
-        self.returned = returned
-        self._batches = batches
         self._head: pa.RecordBatch | None = None
 
     @property
@@ -206,7 +196,7 @@ class _OpenVersion:
         """Whether every row of the version has been returned."""
         return self.returned >= self.total
 
-    def take(self, count: int, schema: pa.Schema) -> pa.RecordBatch:
+    def take(self, count: int) -> pa.RecordBatch:
         """The next ``count`` rows, or fewer when the version ends first.
 
         :raises ReadError: when the files end before the rows the version should hold.
@@ -217,20 +207,14 @@ class _OpenVersion:
             head = self._head if self._head is not None else next(self._batches, None)
             if head is None:
                 raise ReadError(
-                    f"{_LABEL}: version {self.version} ended after {self.returned} of the "
+                    f"{_LABEL}: version {self.unit} ended after {self.returned} of the "
                     f"{self.total} rows its log entry counts; its data files must not change"
                 )
             self._head = head.slice(wanted) if head.num_rows > wanted else None
             pieces.append(head.slice(0, wanted))
             wanted -= pieces[-1].num_rows
             self.returned += pieces[-1].num_rows
-        if not pieces:
-            return pa.RecordBatch.from_pylist([], schema=schema)
-        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
-
-    def close(self) -> None:
-        """Close the file being read (generators' ``finally`` run now, not when collected)."""
-        self._batches.close()
+        return self._joined(pieces)
 
 
 class DeltaSource(SourceConnector, RangeReadableSource):
@@ -279,12 +263,13 @@ class DeltaSource(SourceConnector, RangeReadableSource):
         self._latest = -1
         self._commits: dict[int, _Commit] = {}
         self._row_counts: dict[str, int] = {}
-        self._position: _Position | None = None
-        self._next: tuple[int, int] | None = None
-        self._reading: _OpenVersion | None = None
-        self._records_total = 0
-        self._bytes_total = 0
-        self._versions_finished = 0
+        self._versions: OrderedUnits[int, _Settings] = OrderedUnits(
+            _POSITIONS,
+            following=self._following,
+            open_unit=self._open_version,
+            plannable_rows=self._plannable_rows,
+            skips_empty_units=True,
+        )
 
     async def open(self, config: ConnectorConfig) -> None:
         """Check ``config`` and open the table; nothing is read yet.
@@ -353,54 +338,61 @@ class DeltaSource(SourceConnector, RangeReadableSource):
         :raises ConnectionFailed: when the store cannot be reached.
         """
         settings = self._lifecycle.require("poll_batch")
-        if max_records < 1:
-            raise ValueError(f"{_LABEL}: max_records must be >= 1, got {max_records}")
-        limit = min(max_records, settings.batch_size)
-        while True:
-            reading = self._reading or self._open_next(settings)
-            if reading is None:
-                return None
-            batch = reading.take(limit, settings.schema)
-            if reading.finished:
-                self._position = _Position(reading.version, None)
-                self._next = (reading.version + 1, 0)
-                self._close_reading()
-                self._versions_finished += 1
-            else:
-                self._position = _Position(reading.version, reading.returned)
-            if batch.num_rows:
-                self._records_total += batch.num_rows
-                self._bytes_total += batch.nbytes
-                return SourceBatch(batch, PartitionInfo(PARTITION, self._position.encode()))
+        return self._versions.poll(settings, max_records, settings.batch_size)
 
-    def _open_next(self, settings: _Settings) -> _OpenVersion | None:
-        """Open the version the position is in, or else the next committed one with rows."""
-        version, skip = self._next or settings.start(self._position)
+    def _following(
+        self, settings: _Settings, position: UnitPosition[int] | None
+    ) -> Iterator[tuple[int, int]]:
+        """The committed versions after ``position``, with the rows of each already read.
+
+        The table's newest version is looked up (the log listed) once at most, when the
+        versions known run out.
+        """
+        version, skip = settings.start(position)
+        refreshed = False
         while True:
-            self._next = (version, skip)  # versions passed over are not read again
-            commit = self._committed(settings, version)
-            if commit is None:
-                return None
-            files = self._readable(settings, commit)
-            total = self._rows_of(settings, version, files)
-            if skip > total:
-                raise CheckpointError(
-                    f"{_LABEL}: the checkpoint is {skip} rows into version {version} of the "
-                    f"table at {settings.location.shown}, which added only {total}; was it "
-                    "taken from another table at this path?"
-                )
-            if skip < total:
-                batches = self._batches(settings, version, files, skip)
-                self._reading = _OpenVersion(version, total, batches, skip)
-                return self._reading
+            if version > self._latest and not refreshed:
+                self._refresh(settings)
+                refreshed = True
+            if version > self._latest:
+                return
+            yield version, skip
             version, skip = version + 1, 0
+
+    def _open_version(self, settings: _Settings, version: int, skip: int) -> _OpenVersion | None:
+        """A reader of committed ``version`` after its first ``skip`` rows; ``None`` without any.
+
+        :raises ReadError: at a change of rows (see the class) that is not skipped.
+        :raises CheckpointError: when the version holds fewer than ``skip`` rows.
+        """
+        files = self._readable(settings, self._commit(settings, version))
+        total = self._rows_of(settings, version, files)
+        if not _rows_after(settings, version, total, skip):
+            return None
+        batches = self._batches(settings, version, files, skip)
+        return _OpenVersion(version, total, settings.schema, batches, skip)
+
+    def _plannable_rows(
+        self, settings: _Settings, version: int, skip: int, plan_has_rows: bool
+    ) -> int | None:
+        """The rows of committed ``version`` after its first ``skip``, for a plan.
+
+        ``None`` for a version the source refuses to read (a change of rows) after rows of
+        the plan: the plan stops before it, and the next one fails on it.
+        """
+        commit = self._commit(settings, version)
+        try:
+            files = self._readable(settings, commit)
+        except ReadError:
+            if plan_has_rows:
+                return None
+            raise
+        return _rows_after(settings, version, self._rows_of(settings, version, files), skip)
 
     def checkpoint(self) -> SourceCheckpoint:
         """The position after the last row returned: restoring it resumes right after it."""
         self._lifecycle.require("checkpoint")
-        if self._position is None:
-            return SourceCheckpoint()
-        return SourceCheckpoint({PARTITION: self._position.encode()})
+        return self._versions.checkpoint()
 
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
         """Resume after the position in ``checkpoint`` (from ``starting_version`` without one).
@@ -409,10 +401,7 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             position this source cannot have written.
         """
         self._lifecycle.require("restore")
-        position = _position_in(checkpoint)
-        self._close_reading()
-        self._position = position
-        self._next = None
+        self._versions.restore(checkpoint)
 
     def as_range_readable(self) -> RangeReadableSource:
         """This source: a micro-batch is planned from the log and read in a task of its own.
@@ -434,36 +423,7 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             entry after ``start`` is gone.
         """
         settings = self._lifecycle.require("plan_end")
-        position = _position_in(start)
-        self._refresh(settings)
-        version, skip = settings.start(position)
-        end, remaining = position, max_records
-        while version <= self._latest and (remaining is None or remaining > 0):
-            commit = self._committed(settings, version)
-            if commit is None:
-                break
-            try:
-                files = self._readable(settings, commit)
-            except ReadError:
-                if end != position:
-                    break  # plan the rows before it: the next plan fails on it
-                raise
-            available = self._rows_of(settings, version, files) - skip
-            if available < 0:
-                raise CheckpointError(
-                    f"{_LABEL}: the checkpoint is {skip} rows into version {version} of the "
-                    f"table at {settings.location.shown}, which added only {skip + available}; "
-                    "was it taken from another table at this path?"
-                )
-            if available and (remaining is None or available <= remaining):
-                end = _Position(version, None)
-                remaining = None if remaining is None else remaining - available
-            elif available and remaining is not None:
-                end, remaining = _Position(version, skip + remaining), 0
-            version, skip = version + 1, 0
-        if end is None or end == position:
-            return start
-        return SourceCheckpoint({PARTITION: end.encode()})
+        return self._versions.plan_end(settings, start, max_records)
 
     async def read_range(self, partition_range: PartitionRange) -> AsyncIterator[pa.RecordBatch]:
         """The rows after ``partition_range.start`` up to its ``end``, version by version.
@@ -474,29 +434,22 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             holds fewer rows than the range says.
         """
         settings = self._lifecycle.require("read_range")
-        if partition_range.partition != PARTITION:
-            raise CheckpointError(
-                f"{_LABEL}: a range of partition {partition_range.partition!r} was asked for; "
-                f"this source has only {PARTITION!r}"
-            )
-        start = None if partition_range.start is None else _Position.decode(partition_range.start)
-        end = _Position.decode(partition_range.end)
-        if start is not None and start.order() > end.order():
+        start, end = _POSITIONS.range_positions(partition_range)
+        if start is not None and _order(start) > _order(end):
             raise CheckpointError(
                 f"{_LABEL}: the range from {partition_range.start} to {partition_range.end} "
                 "ends before it starts"
             )
         version, skip = settings.start(start)
-        while version <= end.version:
-            commit = self._committed(settings, version)
-            if commit is None:
+        while version <= end.unit:
+            if not self._is_committed(settings, version):
                 raise ReadError(
-                    f"{_LABEL}: the range ends in version {end.version} of the table at "
+                    f"{_LABEL}: the range ends in version {end.unit} of the table at "
                     f"{settings.location.shown}, which is at version {self._latest}; was the "
                     "table replaced by another at this path?"
                 )
-            files = self._readable(settings, commit)
-            wanted = None if version < end.version or end.rows is None else end.rows - skip
+            files = self._readable(settings, self._commit(settings, version))
+            wanted = None if version < end.unit or end.rows is None else end.rows - skip
             if wanted == 0:
                 return
             read = 0
@@ -518,24 +471,19 @@ class DeltaSource(SourceConnector, RangeReadableSource):
         ``latest_version`` (the newest version of the table this instance has seen).
         """
         return ConnectorMetrics(
-            records_total=self._records_total,
-            bytes_total=self._bytes_total,
+            records_total=self._versions.records_total,
+            bytes_total=self._versions.bytes_total,
             custom={
-                "versions_finished": float(self._versions_finished),
+                "versions_finished": float(self._versions.units_finished),
                 "latest_version": float(self._latest),
             },
         )
 
     async def close(self) -> None:
         """Close the file being read; the table is left as it is."""
-        self._close_reading()
+        self._versions.close()
         self._table = None
         self._lifecycle.close()
-
-    def _close_reading(self) -> None:
-        if self._reading is not None:
-            self._reading.close()
-            self._reading = None
 
     def _refresh(self, settings: _Settings) -> None:
         """Learn the table's newest version (delta-rs lists the log after the one it knows).
@@ -558,18 +506,20 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             ) from error
         self._latest = max(self._latest, self._table.version())
 
-    def _committed(self, settings: _Settings, version: int) -> _Commit | None:
-        """The log entry of ``version``; ``None`` when the table has no such version yet.
+    def _is_committed(self, settings: _Settings, version: int) -> bool:
+        """Whether the table has ``version`` (looked up when it is newer than the newest known)."""
+        if version > self._latest:
+            self._refresh(settings)
+        return version <= self._latest
 
-        :raises ReadError: when the version is committed but its log entry is gone.
+    def _commit(self, settings: _Settings, version: int) -> _Commit:
+        """The log entry of committed ``version``.
+
+        :raises ReadError: when it is gone.
         """
         commit = self._commits.get(version)
         if commit is not None:
             return commit
-        if version > self._latest:
-            self._refresh(settings)
-            if version > self._latest:
-                return None
         commit = _read_commit(settings, version)
         if len(self._commits) >= _CACHED:
             del self._commits[next(iter(self._commits))]
@@ -636,13 +586,18 @@ class DeltaSource(SourceConnector, RangeReadableSource):
             skip = 0
 
 
-def _position_in(checkpoint: SourceCheckpoint) -> _Position | None:
-    """The position ``checkpoint`` holds; ``None`` (``starting_version``) when it holds none.
+def _rows_after(settings: _Settings, version: int, total: int, skip: int) -> int:
+    """The rows of ``version``, ``total`` in all, after its first ``skip``.
 
-    :raises CheckpointError: when it names another partition or an unreadable position.
+    :raises CheckpointError: when ``skip`` is more than ``total``.
     """
-    encoded = single_offset(_LABEL, checkpoint, PARTITION)
-    return None if encoded is None else _Position.decode(encoded)
+    if skip > total:
+        raise CheckpointError(
+            f"{_LABEL}: the checkpoint is {skip} rows into version {version} of the table at "
+            f"{settings.location.shown}, which added only {total}; was it taken from another "
+            "table at this path?"
+        )
+    return total - skip
 
 
 def _log_entry(version: int) -> str:

@@ -15,7 +15,6 @@ from laminar_sdk import (
     ConfigurationError,
     ConnectorConfig,
     ConnectorMetrics,
-    PartitionInfo,
     PartitionRange,
     RangeReadableSource,
     ReadError,
@@ -26,10 +25,12 @@ from laminar_sdk import (
 from laminar_sdk.reference import (
     S3_KEYS,
     Lifecycle,
+    OrderedUnits,
+    PositionFormat,
     StorageLocation,
+    UnitPosition,
+    UnitReader,
     first_rows,
-    parse_count,
-    single_offset,
     storage_location,
 )
 
@@ -47,35 +48,12 @@ _LABEL = "files source"
 _FORMATS = (FileFormat.PARQUET, FileFormat.CSV, FileFormat.JSONL)
 PARTITION = "files"
 """The one partition of the source: its checkpoints and batches name it."""
-_FINISHED = "end"
 _BATCH_SIZE = 8192
-
-
-@dataclass(frozen=True, slots=True)
-class _Position:
-    """Where the source stands: ``rows`` rows into ``file``, or past it when ``rows`` is None.
-
-    Every file that sorts before ``file`` has been read. Encoded as ``<rows>:<file>`` or
-    ``end:<file>`` — small, however many files the directory holds.
-    """
-
-    file: str
-    rows: int | None
-
-    def encode(self) -> str:
-        return f"{_FINISHED if self.rows is None else self.rows}:{self.file}"
-
-    @classmethod
-    def decode(cls, text: str) -> _Position:
-        head, separator, file = text.partition(":")
-        if not separator or not file:
-            raise CheckpointError(
-                f"{_LABEL}: checkpoint position {text!r} is not '<rows>:<file>' or "
-                f"'{_FINISHED}:<file>'; was it written by another connector?"
-            )
-        if head == _FINISHED:
-            return cls(file, None)
-        return cls(file, parse_count(_LABEL, head, "row position"))
+_POSITIONS: PositionFormat[str] = PositionFormat(
+    _LABEL, PARTITION, "file", rows_first=True, parse_unit=lambda text: text or None
+)
+"""A position is a file (every file sorting before it read) and the rows of it read, written
+``<rows>:<file>`` or ``end:<file>`` — small, however many files the directory holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +77,8 @@ class _Settings:
         )
 
 
-class _OpenFile:
-    """The file being read: hands out exactly the rows asked for, and knows when it is done.
+class _OpenFile(UnitReader[str]):
+    """The file being read, its rows not counted beforehand.
 
     It reads one row ahead, so that the batch returning a file's last row already moves the
     position past the file.
@@ -113,10 +91,7 @@ class _OpenFile:
         batches: Generator[pa.RecordBatch, None, None],
         returned: int,
     ) -> None:
-        self.name = name
-        self.returned = returned
-        self._schema = schema
-        self._batches = batches
+        super().__init__(name, schema, batches, returned)
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._exhausted = False
@@ -148,13 +123,7 @@ class _OpenFile:
         taken = count - wanted
         self._buffered -= taken
         self.returned += taken
-        if not pieces:
-            return pa.RecordBatch.from_pylist([], schema=self._schema)
-        return pieces[0] if len(pieces) == 1 else pa.concat_batches(pieces)
-
-    def close(self) -> None:
-        """Close the file (the reader's ``finally`` runs now, not at garbage collection)."""
-        self._batches.close()
+        return self._joined(pieces)
 
 
 class FilesSource(SourceConnector, RangeReadableSource):
@@ -211,12 +180,14 @@ class FilesSource(SourceConnector, RangeReadableSource):
 
     def __init__(self) -> None:
         self._lifecycle: Lifecycle[_Settings] = Lifecycle(_LABEL)
-        self._position: _Position | None = None
-        self._current: _OpenFile | None = None
+        self._files: OrderedUnits[str, _Settings] = OrderedUnits(
+            _POSITIONS,
+            following=_following,
+            open_unit=self._open_file,
+            plannable_rows=self._rows_after,
+            skips_empty_units=False,
+        )
         self._row_counts: dict[str, int] = {}
-        self._records_total = 0
-        self._bytes_total = 0
-        self._files_finished = 0
 
     async def open(self, config: ConnectorConfig) -> None:
         """Check ``config`` and the directory; nothing is read yet.
@@ -261,53 +232,31 @@ class FilesSource(SourceConnector, RangeReadableSource):
             shorter than the checkpoint's position.
         """
         settings = self._lifecycle.require("poll_batch")
-        if max_records < 1:
-            raise ValueError(f"{_LABEL}: max_records must be >= 1, got {max_records}")
-        limit = min(max_records, settings.batch_size)
-        while True:
-            current = self._current or self._open_next(settings)
-            if current is None:
-                return None
-            batch = current.take(limit)
-            if current.finished:
-                self._position = _Position(current.name, None)
-                current.close()
-                self._current = None
-                self._files_finished += 1
-            else:
-                self._position = _Position(current.name, current.returned)
-            if batch.num_rows:
-                self._records_total += batch.num_rows
-                self._bytes_total += batch.nbytes
-                return SourceBatch(batch, PartitionInfo(PARTITION, self._position.encode()))
+        return self._files.poll(settings, max_records, settings.batch_size)
 
-    def _open_next(self, settings: _Settings) -> _OpenFile | None:
-        """Open the file the position is in, or else the first file after it."""
-        position = self._position
+    def _open_file(self, settings: _Settings, name: str, skip: int) -> _OpenFile:
+        """Open file ``name`` after its first ``skip`` rows.
+
+        :raises CheckpointError: when it is the file the position is inside of, and is gone.
+        """
+        position = self._files.position
         if (
             position is not None
             and position.rows is not None
-            and not _is_file(settings.location, position.file)
+            and position.unit == name
+            and not _is_file(settings.location, name)
         ):
             raise CheckpointError(
                 f"{_LABEL}: the checkpoint is {position.rows} rows into "
-                f"{settings.location.show(position.file)}, which is gone; files must stay "
+                f"{settings.location.show(name)}, which is gone; files must stay "
                 "until they have been read"
             )
-        following = next(_following(settings, position), None)
-        if following is None:
-            return None
-        name, skip = following
-        batches = settings.batches(name, skip)
-        self._current = _OpenFile(name, settings.schema, batches, skip)
-        return self._current
+        return _OpenFile(name, settings.schema, settings.batches(name, skip), skip)
 
     def checkpoint(self) -> SourceCheckpoint:
         """The position after the last row returned: restoring it resumes right after it."""
         self._lifecycle.require("checkpoint")
-        if self._position is None:
-            return SourceCheckpoint()
-        return SourceCheckpoint({PARTITION: self._position.encode()})
+        return self._files.checkpoint()
 
     async def restore(self, checkpoint: SourceCheckpoint) -> None:
         """Resume after the position in ``checkpoint`` (from the first file when it has none).
@@ -316,9 +265,7 @@ class FilesSource(SourceConnector, RangeReadableSource):
             position this source cannot have written.
         """
         self._lifecycle.require("restore")
-        position = _position_in(checkpoint)
-        self._close_current()
-        self._position = position
+        self._files.restore(checkpoint)
 
     def as_range_readable(self) -> RangeReadableSource:
         """This source: a micro-batch is planned by position and read in a task of its own.
@@ -339,27 +286,21 @@ class FilesSource(SourceConnector, RangeReadableSource):
         :raises CheckpointError: when ``start`` is not a checkpoint of this source.
         """
         settings = self._lifecycle.require("plan_end")
-        position = _position_in(start)
-        end = position
-        remaining = max_records
-        for name, skip in _following(settings, position):
-            if remaining is not None and remaining <= 0:
-                break
-            if remaining is None:
-                end = _Position(name, None)
-                continue
-            available = self._rows_in(settings, name) - skip
-            if available < 0:
-                raise CheckpointError(
-                    f"{_LABEL}: the checkpoint is {skip} rows into {settings.location.show(name)}, "
-                    f"but the file has only {skip + available}; files must not change once "
-                    "they are in the directory"
-                )
-            end = _Position(name, None if available <= remaining else skip + remaining)
-            remaining -= min(available, remaining)
-        if end is None or end == position:
-            return start
-        return SourceCheckpoint({PARTITION: end.encode()})
+        return self._files.plan_end(settings, start, max_records)
+
+    def _rows_after(self, settings: _Settings, name: str, skip: int, _plan_has_rows: bool) -> int:
+        """The rows of file ``name`` after its first ``skip``; a plan never stops before one.
+
+        :raises CheckpointError: when the file has fewer than ``skip`` rows.
+        """
+        available = self._rows_in(settings, name) - skip
+        if available < 0:
+            raise CheckpointError(
+                f"{_LABEL}: the checkpoint is {skip} rows into {settings.location.show(name)}, "
+                f"but the file has only {skip + available}; files must not change once "
+                "they are in the directory"
+            )
+        return available
 
     def _rows_in(self, settings: _Settings, name: str) -> int:
         rows = self._row_counts.get(name)
@@ -382,17 +323,11 @@ class FilesSource(SourceConnector, RangeReadableSource):
         :raises ReadError: when a file of the range is gone or shorter than the range says.
         """
         settings = self._lifecycle.require("read_range")
-        if partition_range.partition != PARTITION:
-            raise CheckpointError(
-                f"{_LABEL}: a range of partition {partition_range.partition!r} was asked for; "
-                f"this source has only {PARTITION!r}"
-            )
-        start = None if partition_range.start is None else _Position.decode(partition_range.start)
-        end = _Position.decode(partition_range.end)
+        start, end = _POSITIONS.range_positions(partition_range)
         for name, skip in _following(settings, start):
-            if name > end.file:
+            if name > end.unit:
                 break
-            wanted = None if name != end.file or end.rows is None else end.rows - skip
+            wanted = None if name != end.unit or end.rows is None else end.rows - skip
             read = 0
             try:
                 for batch in first_rows(settings.batches(name, skip), wanted):
@@ -406,50 +341,38 @@ class FilesSource(SourceConnector, RangeReadableSource):
                     f"{settings.location.show(name)}, but the file has only {skip + read}; "
                     "files must not change once they are in the directory"
                 )
-            if name == end.file:
+            if name == end.unit:
                 return
         raise ReadError(
-            f"{_LABEL}: the range ends in {settings.location.show(end.file)}, which is gone; files "
+            f"{_LABEL}: the range ends in {settings.location.show(end.unit)}, which is gone; files "
             "must stay until every micro-batch that read them is committed"
         )
 
     def metrics(self) -> ConnectorMetrics:
         """Rows and Arrow bytes returned; ``custom["files_finished"]``: files read to their end."""
         return ConnectorMetrics(
-            records_total=self._records_total,
-            bytes_total=self._bytes_total,
-            custom={"files_finished": float(self._files_finished)},
+            records_total=self._files.records_total,
+            bytes_total=self._files.bytes_total,
+            custom={"files_finished": float(self._files.units_finished)},
         )
-
-    def _close_current(self) -> None:
-        if self._current is not None:
-            self._current.close()
-            self._current = None
 
     async def close(self) -> None:
         """Close the file being read; the files stay in the directory."""
-        self._close_current()
+        self._files.close()
         self._lifecycle.close()
 
 
-def _position_in(checkpoint: SourceCheckpoint) -> _Position | None:
-    """The position ``checkpoint`` holds; ``None`` (the start) when it holds none.
-
-    :raises CheckpointError: when it names another partition or an unreadable position.
-    """
-    encoded = single_offset(_LABEL, checkpoint, PARTITION)
-    return None if encoded is None else _Position.decode(encoded)
-
-
-def _following(settings: _Settings, position: _Position | None) -> Iterator[tuple[str, int]]:
+def _following(
+    settings: _Settings, position: UnitPosition[str] | None
+) -> Iterator[tuple[str, int]]:
     """The files to read after ``position``, with the rows of each already read.
 
     The file the position is in comes first; the directory is listed only when it is done.
     """
     if position is not None and position.rows is not None:
-        yield position.file, position.rows
+        yield position.unit, position.rows
     names = list_files(_LABEL, settings.location, settings.pattern)
-    first = 0 if position is None else bisect.bisect_right(names, position.file)
+    first = 0 if position is None else bisect.bisect_right(names, position.unit)
     for name in names[first:]:
         yield name, 0
 
