@@ -108,6 +108,7 @@ from laminar_sdk._plugins.loading import (
     ALLOWLIST_VARIABLE,
     DENYLIST_VARIABLE,
     PLUGIN_ENTRY_POINT_GROUP,
+    FoundEntryPoint,
     load_connector_registry,
     load_plugins,
 )
@@ -162,6 +163,7 @@ __all__ = [
     "EvolutionVerdict",
     "FileCheckpointer",
     "ForwardingSink",
+    "FoundEntryPoint",
     "HealthState",
     "HealthStatus",
     "InferenceConfig",

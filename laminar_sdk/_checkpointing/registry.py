@@ -8,7 +8,7 @@ from typing import Protocol
 
 from laminar_sdk._checkpointing.checkpointer import Checkpointer, display_location
 from laminar_sdk._contract.errors import CheckpointError, PluginError
-from laminar_sdk._plugins.loading import AnyEntryPoint, distribution_of
+from laminar_sdk._plugins.loading import FoundEntryPoint, distribution_of
 
 CHECKPOINTER_ENTRY_POINT_GROUP = "laminar_sdk.checkpointers"
 """The entry-point group checkpoint stores register under (name = factory)."""
@@ -54,8 +54,8 @@ def store_for_location(location: str) -> str:
 
 
 def installed_checkpointers(
-    entry_points: Iterable[AnyEntryPoint] | None = None,
-) -> dict[str, AnyEntryPoint]:
+    entry_points: Iterable[metadata.EntryPoint | FoundEntryPoint] | None = None,
+) -> dict[str, metadata.EntryPoint | FoundEntryPoint]:
     """Every installed checkpoint store by name, without importing any of them.
 
     :param entry_points: the entry points to consider instead of the installed ones.
@@ -63,7 +63,7 @@ def installed_checkpointers(
     """
     if entry_points is None:
         entry_points = metadata.entry_points(group=CHECKPOINTER_ENTRY_POINT_GROUP)
-    found: dict[str, AnyEntryPoint] = {}
+    found: dict[str, metadata.EntryPoint | FoundEntryPoint] = {}
     for entry_point in entry_points:
         previous = found.get(entry_point.name)
         if previous is not None and previous.value != entry_point.value:
@@ -82,7 +82,7 @@ def open_checkpointer(
     *,
     store: str | None = None,
     options: Mapping[str, str] | None = None,
-    entry_points: Iterable[AnyEntryPoint] | None = None,
+    entry_points: Iterable[metadata.EntryPoint | FoundEntryPoint] | None = None,
 ) -> Checkpointer:
     """Open the checkpoint store at ``location``.
 

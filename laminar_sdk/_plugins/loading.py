@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, TypeAlias
+from typing import Any
 
 import pluggy
 
@@ -38,8 +38,8 @@ def _canonical(name: str) -> str:
 
 
 def _selected(
-    entry_points: Iterable[AnyEntryPoint], environ: Mapping[str, str]
-) -> list[AnyEntryPoint]:
+    entry_points: Iterable[metadata.EntryPoint | FoundEntryPoint], environ: Mapping[str, str]
+) -> list[metadata.EntryPoint | FoundEntryPoint]:
     allow = _names(environ.get(ALLOWLIST_VARIABLE))
     deny = _names(environ.get(DENYLIST_VARIABLE)) or frozenset()
     chosen = []
@@ -83,10 +83,6 @@ class FoundEntryPoint:
         return metadata.EntryPoint(self.name, self.value, self.group).load()
 
 
-AnyEntryPoint: TypeAlias = metadata.EntryPoint | FoundEntryPoint
-"""An installed entry point: scanned now, or found by an earlier scan."""
-
-
 def find_entry_point(group: str, name: str) -> FoundEntryPoint | None:
     """The installed entry point ``name`` of ``group``; ``None`` unless exactly one is installed.
 
@@ -96,7 +92,7 @@ def find_entry_point(group: str, name: str) -> FoundEntryPoint | None:
     return FoundEntryPoint.of(found[0]) if len(found) == 1 else None
 
 
-def distribution_of(entry_point: AnyEntryPoint) -> tuple[str, str]:
+def distribution_of(entry_point: metadata.EntryPoint | FoundEntryPoint) -> tuple[str, str]:
     """The name and version of the distribution that declares ``entry_point``."""
     if isinstance(entry_point, FoundEntryPoint):
         return entry_point.distribution, entry_point.version
@@ -106,7 +102,7 @@ def distribution_of(entry_point: AnyEntryPoint) -> tuple[str, str]:
     return dist.metadata["Name"] or dist.name, dist.version
 
 
-def _load(entry_point: AnyEntryPoint, distribution: str) -> object:
+def _load(entry_point: metadata.EntryPoint | FoundEntryPoint, distribution: str) -> object:
     try:
         plugin: object = entry_point.load()
     except Exception as error:
@@ -121,7 +117,10 @@ def _load(entry_point: AnyEntryPoint, distribution: str) -> object:
 
 
 def _register(
-    manager: pluggy.PluginManager, plugin: object, entry_point: AnyEntryPoint, dist: str
+    manager: pluggy.PluginManager,
+    plugin: object,
+    entry_point: metadata.EntryPoint | FoundEntryPoint,
+    dist: str,
 ) -> None:
     try:
         manager.register(plugin, name=entry_point.name)
@@ -143,7 +142,7 @@ def _hook_names() -> list[str]:
 
 def load_connector_registry(
     *,
-    entry_points: Iterable[AnyEntryPoint] | None = None,
+    entry_points: Iterable[metadata.EntryPoint | FoundEntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
     plugin: str | None = None,
 ) -> ConnectorRegistry:
@@ -169,7 +168,7 @@ def load_connector_registry(
 
 def load_plugins(
     *,
-    entry_points: Iterable[AnyEntryPoint] | None = None,
+    entry_points: Iterable[metadata.EntryPoint | FoundEntryPoint] | None = None,
     environ: Mapping[str, str] | None = None,
     plugin: str | None = None,
 ) -> tuple[ConnectorRegistry, pluggy.PluginManager]:
