@@ -378,11 +378,28 @@ def _entry_points(
     """The entry points of ``plugin`` and ``store``: from ``known``, else from a scan."""
     wanted = [(PLUGIN_ENTRY_POINT_GROUP, plugin), (CHECKPOINTER_ENTRY_POINT_GROUP, store)]
     found = (
-        _found(known, group, name) or find_entry_point(group, name)
+        _found(known, group, name) or _installed_entry_point(group, name)
         for group, name in wanted
         if name
     )
     return tuple(entry_point for entry_point in found if entry_point is not None)
+
+
+_INSTALLED: dict[tuple[str, str], FoundEntryPoint] = {}
+
+
+def _installed_entry_point(group: str, name: str) -> FoundEntryPoint | None:
+    """:func:`find_entry_point`, its answer kept for the process once there is one.
+
+    Spark's commit runner parses a sink's options again for every micro-batch it commits,
+    from a data source that never parsed them (nothing ``known``).
+    """
+    found = _INSTALLED.get((group, name))
+    if found is None:
+        found = find_entry_point(group, name)
+        if found is not None:
+            _INSTALLED[group, name] = found
+    return found
 
 
 def _found(

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -229,6 +230,26 @@ def test_the_source_planning_process_imports_the_connectors_plugin_alone_without
         "plugin or the checkpoint store among the installed distributions (or the witness is "
         f"not installed, or the scan is not seen): {imported}"
     )
+
+
+def test_options_parsed_again_in_a_process_are_not_looked_up_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Spark's commit runner parses a sink's options anew for each micro-batch it commits.
+    options = {"connector": "memory", "path": str(tmp_path), "checkpointlocation": str(tmp_path)}
+    first = parse_options(options, SINK)
+    scans: list[object] = []
+    scan = metadata.distributions
+    monkeypatch.setattr(metadata, "distributions", lambda **kw: scans.append(kw) or scan(**kw))
+
+    again = parse_options(options, SINK)
+
+    assert again.entry_points == first.entry_points
+    assert {(ep.group, ep.name) for ep in again.entry_points} == {
+        ("laminar_sdk.plugins", "reference"),
+        ("laminar_sdk.checkpointers", "file"),
+    }
+    assert not scans, "parsing the same options again scanned the installed distributions"
 
 
 def test_a_plugin_that_no_longer_provides_the_connector_falls_back_to_every_plugin(
