@@ -209,12 +209,11 @@ class TaskStream:
         if connection is not None:
             connection.close()
 
-    def _send(self, tag: bytes, payload: bytes | pa.Buffer) -> None:
+    def _send(self, tag: bytes, payload: bytes) -> None:
         if self._connection is None:
             return
         try:
-            self._connection.sendall(_FRAME.pack(tag, len(payload)))
-            self._connection.sendall(payload)
+            self._connection.sendall(_frame(tag, payload))
         except OSError as error:
             logger.info("the epoch writer took no more batches (%s): the commit writes them", error)
             self._connection.close()

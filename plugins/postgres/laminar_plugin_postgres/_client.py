@@ -239,6 +239,10 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+_SERVER_GONE = ("57P01", "57P02", "57P03")
+"""SQLSTATEs of a server that shut down or restarts (admin, crash, immediate shutdown)."""
+
+
 def failure(
     settings: ConnectionSettings,
     action: str,
@@ -254,7 +258,7 @@ def failure(
     message = settings.scrub(_first_line(error))
     state = getattr(error, "sqlstate", None)
     detail = f"{message} (SQLSTATE {state})" if state else message
-    if isinstance(error, psycopg.OperationalError) and state in (None, "57P01", "57P02", "57P03"):
+    if isinstance(error, psycopg.OperationalError) and (state is None or state in _SERVER_GONE):
         return ConnectionFailed(
             f"{settings.connector}: the connection to {settings.endpoint} was lost while trying "
             f"to {action}: {detail}; "
@@ -449,7 +453,7 @@ def arrow_failure(
     message = settings.scrub(text.split(". SQLSTATE: ")[0])
     stated = str(error).rpartition("SQLSTATE: ")[2][:5] if "SQLSTATE: " in str(error) else None
     state = getattr(error, "sqlstate", None) or stated
-    if state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03"):
+    if state is None or state.startswith("08") or state in _SERVER_GONE:
         return ConnectionFailed(
             f"{settings.connector}: the connection to {settings.endpoint} was lost while trying "
             f"to {action}: {message}; the runtime retries"
